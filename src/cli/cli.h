@@ -1,0 +1,39 @@
+/* Shared pieces of the moejit command-line tool: exit codes, option
+ * parsing, spec loading from a path or preset name, JSON output. The CLI
+ * uses only the public API (it links the shared library). */
+#ifndef MOEJIT_CLI_H
+#define MOEJIT_CLI_H
+
+#include <stdio.h>
+
+#include "moejit/moejit.h"
+
+enum { CLI_EXIT_OK = 0, CLI_EXIT_FAILURE = 1, CLI_EXIT_USAGE = 2 };
+
+/* Walks argv: returns 1 and sets *value when argv[*i] is `--name VALUE` or
+ * `--name=VALUE` (advancing *i past the value). A missing value prints a
+ * usage error and sets *bad. */
+int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value, int *bad);
+/* 1 when argv[*i] is the flag `--name`. */
+int cli_flag(char **argv, int i, const char *name);
+/* Parses a positive int option value or prints an error (returns 0). */
+int cli_parse_int(const char *opt, const char *text, int lo, int hi, int *out);
+
+/* Loads a spec from a YAML path, or from an embedded preset when `preset`
+ * is set or `arg` names one; NULL both: the default preset. Prints the
+ * library's message and returns the exit code (0 on success). */
+int cli_load_spec(const char *arg, const char *preset, moejit_spec *spec);
+
+/* Prints a library failure: "moejit: <status>: <message>", returns the
+ * exit code for it (2 for config/usage-type errors, 1 otherwise). */
+int cli_fail(moejit_status st, const char *what);
+
+/* JSON string with escapes. */
+void cli_json_str(FILE *f, const char *s);
+
+int cli_compile(int argc, char **argv);
+int cli_gen(int argc, char **argv);
+int cli_cache(int argc, char **argv);
+int cli_info(int argc, char **argv);
+
+#endif

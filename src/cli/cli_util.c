@@ -1,0 +1,95 @@
+/* Option parsing, spec loading and JSON helpers shared by CLI commands. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+
+int cli_flag(char **argv, int i, const char *name) { return strcmp(argv[i], name) == 0; }
+
+int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value, int *bad) {
+  size_t n = strlen(name);
+  const char *a = argv[*i];
+  if (strncmp(a, name, n) != 0) return 0;
+  if (a[n] == '=') {
+    *value = a + n + 1;
+    return 1;
+  }
+  if (a[n] != '\0') return 0;
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "moejit: option %s needs a value\n", name);
+    *bad = 1;
+    return 1;
+  }
+  *value = argv[++*i];
+  return 1;
+}
+
+int cli_parse_int(const char *opt, const char *text, int lo, int hi, int *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || !end || *end || end == text || v < lo || v > hi) {
+    fprintf(stderr, "moejit: %s: '%s' is not an integer in %d..%d\n", opt, text, lo, hi);
+    return 0;
+  }
+  *out = (int)v;
+  return 1;
+}
+
+int cli_fail(moejit_status st, const char *what) {
+  const char *msg = moejit_last_error();
+  fprintf(stderr, "moejit: %s: %s%s%s\n", what, moejit_status_str(st), *msg ? ": " : "", msg);
+  return (st == MOEJIT_ERR_CONFIG || st == MOEJIT_ERR_INVALID_ARGUMENT ||
+          st == MOEJIT_ERR_NOT_FOUND)
+             ? CLI_EXIT_USAGE
+             : CLI_EXIT_FAILURE;
+}
+
+static int is_preset(const char *name) {
+  for (const char *const *p = moejit_preset_names(); *p; p++)
+    if (!strcmp(*p, name)) return 1;
+  return 0;
+}
+
+int cli_load_spec(const char *arg, const char *preset, moejit_spec *spec) {
+  moejit_status st;
+  if (preset && arg) {
+    fprintf(stderr, "moejit: give a CONFIG file or --preset, not both\n");
+    return CLI_EXIT_USAGE;
+  }
+  struct stat sb;
+  if (arg && stat(arg, &sb) != 0 && is_preset(arg)) preset = arg, arg = NULL;
+  if (arg) {
+    st = moejit_spec_load_file(arg, spec);
+  } else {
+    const char *name = preset ? preset : moejit_default_preset();
+    st = moejit_spec_load_preset(name, spec);
+  }
+  if (st != MOEJIT_OK) {
+    fprintf(stderr, "moejit: %s\n", moejit_last_error());
+    return st == MOEJIT_ERR_IO ? CLI_EXIT_FAILURE : CLI_EXIT_USAGE;
+  }
+  return CLI_EXIT_OK;
+}
+
+void cli_json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    switch (*p) {
+      case '"': fputs("\\\"", f); break;
+      case '\\': fputs("\\\\", f); break;
+      case '\n': fputs("\\n", f); break;
+      case '\r': fputs("\\r", f); break;
+      case '\t': fputs("\\t", f); break;
+      default:
+        if (*p < 0x20)
+          fprintf(f, "\\u%04x", *p);
+        else
+          fputc(*p, f);
+    }
+  }
+  fputc('"', f);
+}

@@ -1,0 +1,38 @@
+/* Internal face of the code generator: spec + kernel family + arch ->
+ * self-contained CUDA source (prelude of constants, inlined common headers,
+ * template text, each part behind a #line marker so NVRTC's messages name
+ * the template file and line) and the entry points it defines. */
+#ifndef MOEJIT_CODEGEN_H
+#define MOEJIT_CODEGEN_H
+
+#include "moejit/moejit.h"
+
+#define MJ_MAX_ENTRIES 8
+
+typedef struct mj_kernel_source {
+  char family[MOEJIT_NAME_MAX];   /* "route" */
+  char arch[MOEJIT_ARCH_MAX];     /* "sm_90a" */
+  char template_name[64];         /* "route.cu" */
+  int n_entries;
+  char entries[MJ_MAX_ENTRIES][96]; /* extern "C" __global__ names */
+  char *source;                   /* malloc'd, NUL-terminated */
+  size_t source_len;
+} mj_kernel_source;
+
+/* Families with a template, in layer order; NULL-terminated. */
+extern const char *const mj_kernel_families[];
+
+/* Generates the source for one family. template_dir NULL: embedded
+ * templates (after $MOEJIT_TEMPLATE_DIR). NOT_FOUND for an unknown family
+ * or template; CONFIG if the spec is invalid. */
+moejit_status mj_codegen(const moejit_spec *spec, const char *family, const char *arch,
+                         const char *template_dir, mj_kernel_source *out);
+void mj_kernel_source_free(mj_kernel_source *ks);
+
+/* Embedded templates (templates/*.cu and templates/common/*.cuh), named by
+ * their path under templates/, e.g. "route.cu", "common/moejit_common.cuh". */
+#include "config/config.h"
+extern const mj_embedded_file mj_embedded_templates[];
+extern const size_t mj_embedded_templates_count;
+
+#endif

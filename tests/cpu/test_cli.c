@@ -1,0 +1,177 @@
+/* The moejit command-line tool, run as a user would: exit codes (0 ok,
+ * 1 runtime failure, 2 usage/config error), --json output that parses,
+ * a second compile served from the cache, config errors with file:line:col. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_support.h"
+
+static char *tmp;
+
+static void setup(void) { tmp = ts_mkdtemp("cli"); }
+static void teardown(void) {
+  ts_rmtree(tmp);
+  free(tmp);
+}
+
+TestSuite(cli, .init = setup, .fini = teardown, .timeout = 300);
+
+#define RUN(out, err, ...) ts_run_cli((const char *const[]){__VA_ARGS__, NULL}, NULL, out, err)
+
+Test(cli, version_and_help) {
+  char *out = NULL;
+  cr_assert_eq(RUN(&out, NULL, "--version"), 0);
+  cr_assert(strstr(out, "moejit 0.1.0"), "got: %s", out);
+  free(out);
+  cr_assert_eq(RUN(&out, NULL, "--help"), 0);
+  cr_assert(strstr(out, "usage: moejit"), "got: %s", out);
+  cr_assert(strstr(out, "qwen3-30b-a3b"), "presets listed: %s", out);
+  free(out);
+  const char *cmds[] = {"compile", "gen", "cache", "info"};
+  for (size_t i = 0; i < 4; i++) {
+    cr_assert_eq(RUN(&out, NULL, cmds[i], "--help"), 0, "%s --help", cmds[i]);
+    cr_assert(strstr(out, "usage: moejit"), "%s --help printed: %s", cmds[i], out);
+    free(out);
+  }
+}
+
+Test(cli, usage_errors_exit_2) {
+  cr_assert_eq(ts_run_cli((const char *const[]){NULL}, NULL, NULL, NULL), 2);
+  cr_assert_eq(RUN(NULL, NULL, "frobnicate"), 2);
+  cr_assert_eq(RUN(NULL, NULL, "compile", "--bogus"), 2);
+  cr_assert_eq(RUN(NULL, NULL, "compile", "--jobs", "0"), 2);
+  cr_assert_eq(RUN(NULL, NULL, "compile", "--jobs"), 2);
+  cr_assert_eq(RUN(NULL, NULL, "compile", "--preset", "no-such-model"), 2);
+  cr_assert_eq(RUN(NULL, NULL, "gen", "--preset", "qwen3-30b-a3b"), 2, "gen needs --kernel");
+  cr_assert_eq(RUN(NULL, NULL, "gen", "--preset", "qwen3-30b-a3b", "--kernel", "nope"), 2);
+  cr_assert_eq(RUN(NULL, NULL, "cache"), 2);
+  cr_assert_eq(RUN(NULL, NULL, "cache", "explode"), 2);
+}
+
+Test(cli, config_error_names_file_line_col_and_exits_2) {
+  char *cfg = ts_write_file(tmp, "bad.yaml",
+                            "name: broken\n"
+                            "model:\n"
+                            "  hidden: 2048\n"
+                            "  expert_width: 768\n"
+                            "  experts: 8\n"
+                            "  top_k: 300\n");
+  char *err = NULL;
+  int rc = RUN(NULL, &err, "compile", cfg, "--cache-dir", tmp);
+  cr_assert_eq(rc, 2, "exit %d, stderr: %s", rc, err);
+  cr_assert(strstr(err, "bad.yaml:6:"), "stderr should name bad.yaml:6:COL: %s", err);
+  cr_assert(strstr(err, "top_k"), "stderr should name the key: %s", err);
+  free(err);
+  free(cfg);
+}
+
+Test(cli, missing_config_file_exits_1) {
+  char *err = NULL;
+  int rc = RUN(NULL, &err, "compile", "/tmp/definitely/not/here.yaml");
+  cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+  cr_assert(strstr(err, "not/here.yaml"), "names the path: %s", err);
+  free(err);
+}
+
+Test(cli, compile_twice_second_is_all_cache_hits) {
+  char *cache = NULL;
+  cr_assert(asprintf(&cache, "%s/cache", tmp) > 0);
+  char *out = NULL, *err = NULL;
+  int rc = RUN(&out, &err, "compile", "--preset", "qwen3-30b-a3b", "--cache-dir", cache, "--json");
+  cr_assert_eq(rc, 0, "first compile failed: %s %s", out, err);
+  cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  int kernels = ts_count_substr(out, "\"kernel\":");
+  cr_assert_gt(kernels, 0);
+  cr_assert_eq(ts_count_substr(out, "\"cache_hit\":false"), kernels, "cold: all misses: %s", out);
+  free(out);
+  free(err);
+  rc = RUN(&out, &err, "compile", "--preset", "qwen3-30b-a3b", "--cache-dir", cache, "--json");
+  cr_assert_eq(rc, 0, "%s", err);
+  cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  cr_assert_eq(ts_count_substr(out, "\"cache_hit\":true"), kernels, "warm: all hits: %s", out);
+  free(out);
+  free(err);
+  /* the table form says the same */
+  rc = RUN(&out, NULL, "compile", "--preset", "qwen3-30b-a3b", "--cache-dir", cache);
+  cr_assert_eq(rc, 0);
+  cr_assert(strstr(out, "from cache"), "table footer: %s", out);
+  cr_assert_eq(ts_count_substr(out, " hit "), kernels, "table: %s", out);
+  free(out);
+
+  rc = RUN(&out, NULL, "cache", "list", "--cache-dir", cache, "--json");
+  cr_assert_eq(rc, 0);
+  cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  cr_assert_eq(ts_count_substr(out, "\"ok\":true"), kernels, "%s", out);
+  free(out);
+  rc = RUN(&out, NULL, "cache", "stats", "--cache-dir", cache, "--json");
+  cr_assert_eq(rc, 0);
+  cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  free(out);
+  rc = RUN(&out, NULL, "cache", "verify", "--cache-dir", cache, "--json");
+  cr_assert_eq(rc, 0, "%s", out);
+  cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  free(out);
+  rc = RUN(&out, NULL, "cache", "clear", "--cache-dir", cache, "--json");
+  cr_assert_eq(rc, 0);
+  cr_assert(ts_json_valid(out));
+  free(out);
+  cr_assert_eq(ts_count_files(cache, ".mjc"), 0, "clear removed all entries");
+  free(cache);
+}
+
+Test(cli, verify_finds_corrupt_entry_and_fix_removes_it) {
+  char *cache = NULL;
+  cr_assert(asprintf(&cache, "%s/cache", tmp) > 0);
+  cr_assert_eq(RUN(NULL, NULL, "compile", "--preset", "olmoe-1b-7b", "--cache-dir", cache), 0);
+  /* flip a byte near the end of one entry */
+  char *cmd = NULL;
+  cr_assert(asprintf(&cmd,
+                     "f=$(find %s -name '*.mjc' | head -1); s=$(stat -c %%s \"$f\");"
+                     "printf '\\x5a' | dd of=\"$f\" bs=1 seek=$((s-3)) conv=notrunc 2>/dev/null",
+                     cache) > 0);
+  cr_assert_eq(system(cmd), 0);
+  free(cmd);
+  char *out = NULL;
+  cr_assert_eq(RUN(&out, NULL, "cache", "verify", "--cache-dir", cache), 1, "%s", out);
+  cr_assert(strstr(out, "1 bad"), "%s", out);
+  free(out);
+  cr_assert_eq(RUN(&out, NULL, "cache", "verify", "--cache-dir", cache, "--fix"), 0);
+  free(out);
+  cr_assert_eq(RUN(&out, NULL, "cache", "verify", "--cache-dir", cache), 0, "%s", out);
+  free(out);
+  /* the next compile rebuilds the removed entry: one miss, the rest hits */
+  cr_assert_eq(RUN(&out, NULL, "compile", "--preset", "olmoe-1b-7b", "--cache-dir", cache, "--json"),
+               0);
+  cr_assert_eq(ts_count_substr(out, "\"cache_hit\":false"), 1, "%s", out);
+  free(out);
+  free(cache);
+}
+
+Test(cli, emit_dir_writes_cubin_ptx_and_source) {
+  char *emit = NULL;
+  cr_assert(asprintf(&emit, "%s/emit", tmp) > 0);
+  char *out = NULL;
+  int rc = RUN(&out, NULL, "compile", "--preset", "qwen3-30b-a3b", "--no-cache", "--emit-dir",
+               emit, "--arch", "sm_80");
+  cr_assert_eq(rc, 0, "%s", out);
+  int kernels = ts_count_substr(out, " miss ");
+  cr_assert_gt(kernels, 0, "%s", out);
+  cr_assert_eq(ts_count_files(emit, ".cubin"), kernels);
+  cr_assert_eq(ts_count_files(emit, ".ptx"), kernels);
+  cr_assert_eq(ts_count_files(emit, ".cu"), kernels);
+  free(out);
+  free(emit);
+}
+
+Test(cli, gen_prints_specialized_source) {
+  char *out = NULL;
+  cr_assert_eq(RUN(&out, NULL, "gen", "--preset", "deepseek-v3", "--kernel", "route"), 0);
+  cr_assert(strstr(out, "kExperts = 256"), "prelude constant missing");
+  cr_assert(strstr(out, "extern \"C\""), "entry missing");
+  free(out);
+  cr_assert_eq(RUN(&out, NULL, "gen", "qwen3-30b-a3b", "--kernel", "combine"), 0,
+               "a preset name works as CONFIG");
+  cr_assert(strstr(out, "kExperts = 128"));
+  free(out);
+}
