@@ -42,8 +42,8 @@ typedef enum mj_yaml_kind { MJ_YAML_SCALAR, MJ_YAML_MAP, MJ_YAML_SEQ } mj_yaml_k
 typedef struct mj_yaml_node {
   mj_yaml_kind kind;
   int line, col;
-  int plain;   /* scalar written without quotes or block style */
-  char *text;  /* scalar text, NUL-terminated (may hold inner NULs: see len) */
+  int plain;  /* scalar written without quotes or block style */
+  char *text; /* scalar text, NUL-terminated (may hold inner NULs: see len) */
   size_t len;
   struct mj_yaml_node **items; /* map: key, value, key, value...; seq: items */
   size_t n_items, cap_items;
@@ -53,11 +53,11 @@ typedef struct mj_yaml_node {
  * MJ_CONFIG_MAX_DEPTH, more than MJ_CONFIG_MAX_NODES nodes, several
  * documents. *root is NULL for an empty stream. CONFIG errors read
  * "ORIGIN:LINE:COL: ...". */
-moejit_status mj_yaml_parse(const char *text, size_t len, const char *origin,
-                            mj_yaml_node **root);
+moejit_status mj_yaml_parse(const char *text, size_t len, const char *origin, mj_yaml_node **root);
 void mj_yaml_free(mj_yaml_node *node);
 
 /* Every checked field of a spec, for messages and positions. */
+/* clang-format off */
 typedef enum mj_field {
   MJ_F_NAME,
   MJ_F_HIDDEN, MJ_F_EXPERT_WIDTH, MJ_F_EXPERTS, MJ_F_TOP_K,
@@ -71,6 +71,7 @@ typedef enum mj_field {
   MJ_F_CACHE_MAX,
   MJ_F_COUNT
 } mj_field;
+/* clang-format on */
 #define MJ_GEMM_TILE_M 0
 #define MJ_GEMM_TILE_N 1
 #define MJ_GEMM_TILE_K 2
@@ -96,8 +97,8 @@ typedef struct mj_mark {
 } mj_mark;
 typedef struct mj_spec_marks {
   const char *origin;
-  mj_mark root;               /* the top-level mapping */
-  mj_mark field[MJ_F_COUNT];  /* the value's start */
+  mj_mark root;                /* the top-level mapping */
+  mj_mark field[MJ_F_COUNT];   /* the value's start */
   mj_mark section[MJ_F_COUNT]; /* the mapping holding the field, if given */
   int64_t wide[MJ_F_COUNT];
   unsigned char has_wide[MJ_F_COUNT];
@@ -110,6 +111,10 @@ typedef struct mj_spec_marks {
  * only (moejit_spec_validate); else they start with the position of the
  * latest-written field involved. */
 moejit_status mj_spec_check(const moejit_spec *spec, const mj_spec_marks *marks);
+
+/* Writes s[0..len) quoted for a message: 'text', non-printable bytes as
+ * \xNN, long text cut with "...". */
+void mj_quote(char *buf, size_t cap, const char *s, size_t len);
 
 /* Arch names the validator accepts ("sm_80 sm_86 ... auto"). */
 const char *mj_arch_allowed(void);

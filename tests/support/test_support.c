@@ -1,5 +1,4 @@
 /* Shared test helpers (see test_support.h). */
-#define _GNU_SOURCE
 #include "test_support.h"
 
 #include <dirent.h>
