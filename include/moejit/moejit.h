@@ -317,7 +317,9 @@ MOEJIT_API moejit_status moejit_cache_list(const char *dir, moejit_cache_entry_i
 MOEJIT_API moejit_status moejit_cache_verify(const char *dir, int remove_bad, size_t *n_ok,
                                              size_t *n_bad);
 /* Evicts least-recently-used entries until the total is <= max_bytes, and
- * removes temp files older than a minute. */
+ * removes temp files older than a minute. max_bytes 0 means "no limit", as
+ * everywhere in this API: only stale temp files go (moejit_cache_clear
+ * empties a cache). */
 MOEJIT_API moejit_status moejit_cache_prune(const char *dir, uint64_t max_bytes,
                                             size_t *n_removed, uint64_t *bytes_removed);
 /* Removes every entry and temp file (keeps the directory and CACHEDIR.TAG). */

@@ -82,8 +82,8 @@ void mj_cache_set_stall_ms(mj_cache *c, int ms);
 
 /* mj_cache_key with an explicit format version (tests show it is keyed). */
 void mj_cache_key_versioned(uint32_t format_version, const char *source, size_t source_len,
-                            const char *options, int nvrtc_major, int nvrtc_minor,
-                            const char *arch, char key_out[33]);
+                            const char *options, int nvrtc_major, int nvrtc_minor, const char *arch,
+                            char key_out[33]);
 /* 1 if `key` is exactly 32 lowercase hex digits. */
 int mj_cache_key_valid(const char *key);
 /* <root>/<first two hex digits>/<key>.mjc */
@@ -114,8 +114,8 @@ size_t mj_cache_encode_head(const char *key, const mj_cache_meta *meta, const vo
 typedef struct mj_cache_file {
   char name[MJ_CACHE_NAME_MAX]; /* inside <root>/<key[0..1]>/ */
   char key[33];
-  int is_temp;      /* a <key>.mjc.tmp.<pid>.<rand> leftover or in-flight write */
-  long writer_pid;  /* temp files: the pid in the name */
+  int is_temp;     /* a <key>.mjc.tmp.<pid>.<rand> leftover or in-flight write */
+  long writer_pid; /* temp files: the pid in the name */
   uint64_t bytes;
   int64_t mtime_ns; /* last use (entries) or last write (temps) */
 } mj_cache_file;
@@ -130,6 +130,10 @@ void mj_cache_sort_lru(mj_cache_file *files, size_t n);
  * <= max_bytes. Counts what it removed (either pointer may be NULL). */
 moejit_status mj_cache_evict_lru(const char *root, uint64_t max_bytes, size_t *n_removed,
                                  uint64_t *bytes_removed);
+/* Removes a damaged entry unless a writer has renamed a fresh one over it
+ * since it was read (the inode in head differs). 0 on success or already
+ * gone, -1 with errno. */
+int mj_cache_remove_damaged(const char *path, const mj_cache_entry_head *head);
 /* 1 if a temp file is a leftover: older than max_age_s or, when check_pid,
  * written by a process that no longer exists. */
 int mj_cache_temp_is_stale(const mj_cache_file *f, int64_t now_ns, int64_t max_age_s,
