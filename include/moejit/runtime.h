@@ -88,7 +88,7 @@ MOEJIT_API moejit_status moejit_device_query(int ordinal, moejit_device_info *in
 /* ------------------------------------------------------------------------ */
 
 typedef struct moejit_ctx_opts {
-  int device;                   /* ordinal; -1: the first device */
+  int device;                    /* ordinal; -1: the first device */
   moejit_compiler_opts compiler; /* for the ctx's own moejit_compiler */
 } moejit_ctx_opts;
 
@@ -180,8 +180,8 @@ MOEJIT_API moejit_status moejit_memcpy_dtod(moejit_ctx *ctx, void *dst, const vo
 
 /* Sets `count` 32-bit words at `dst` (4-byte aligned) to `value`, on
  * `stream`. count 0 is a no-op. */
-MOEJIT_API moejit_status moejit_memset_d32(moejit_ctx *ctx, void *dst, uint32_t value,
-                                           size_t count, moejit_stream stream);
+MOEJIT_API moejit_status moejit_memset_d32(moejit_ctx *ctx, void *dst, uint32_t value, size_t count,
+                                           moejit_stream stream);
 
 /* Allocates `bytes` (> 0) of page-locked host memory (portable: usable with
  * every context) for fast, truly asynchronous copies. Release with
