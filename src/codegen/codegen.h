@@ -10,12 +10,12 @@
 #define MJ_MAX_ENTRIES 8
 
 typedef struct mj_kernel_source {
-  char family[MOEJIT_NAME_MAX];   /* "route" */
-  char arch[MOEJIT_ARCH_MAX];     /* "sm_90a" */
-  char template_name[64];         /* "route.cu" */
+  char family[MOEJIT_NAME_MAX]; /* "route" */
+  char arch[MOEJIT_ARCH_MAX];   /* "sm_90a" */
+  char template_name[64];       /* "route.cu" */
   int n_entries;
   char entries[MJ_MAX_ENTRIES][96]; /* extern "C" __global__ names */
-  char *source;                   /* malloc'd, NUL-terminated */
+  char *source;                     /* malloc'd, NUL-terminated */
   size_t source_len;
 } mj_kernel_source;
 
@@ -24,13 +24,17 @@ extern const char *const mj_kernel_families[];
 
 /* Generates the source for one family. template_dir NULL: embedded
  * templates (after $MOEJIT_TEMPLATE_DIR). NOT_FOUND for an unknown family
- * or template; CONFIG if the spec is invalid. */
+ * or template (an override directory has no fallback to the embedded
+ * files); CONFIG if the spec is invalid; INVALID_ARGUMENT for an arch that
+ * is not explicit ("auto") or not an arch name; COMPILE if the template
+ * defines no extern "C" __global__ entry. On failure *out is zeroed. */
 moejit_status mj_codegen(const moejit_spec *spec, const char *family, const char *arch,
                          const char *template_dir, mj_kernel_source *out);
 void mj_kernel_source_free(mj_kernel_source *ks);
 
-/* Embedded templates (templates/*.cu and templates/common/*.cuh), named by
- * their path under templates/, e.g. "route.cu", "common/moejit_common.cuh". */
+/* Embedded templates (each templates/NAME.cu and templates/common/NAME.cuh),
+ * named by their path under templates/, e.g. "route.cu",
+ * "common/moejit_common.cuh". The table ends with a NULL row. */
 #include "config/config.h"
 extern const mj_embedded_file mj_embedded_templates[];
 extern const size_t mj_embedded_templates_count;

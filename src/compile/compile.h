@@ -24,5 +24,23 @@ moejit_status mj_nvrtc_compile(const mj_kernel_source *ks, const mj_compile_opts
 /* The CUDA include dir for NVRTC: $CUDA_HOME/include, $CUDA_PATH/include,
  * then the build-time directories. NULL if none holds cuda_bf16.h. */
 const char *mj_cuda_include_dir(void);
+/* Every directory passed to NVRTC as -I (the one above plus companions such
+ * as include/cccl or the build's second directory). Returns the count
+ * written to dirs (at most cap); 0 when none was found. */
+int mj_cuda_include_dirs(const char **dirs, int cap);
+
+/* For the runtime: the cubin of one kernel family for `arch` (an explicit
+ * arch, not "auto"), from the compiler's memory map, the disk cache or
+ * NVRTC, in that order. *cubin is owned by the compiler and stays valid
+ * until moejit_compiler_destroy. key (33 bytes) and cache_hit (1: not
+ * compiled now) may be NULL. Thread-safe. */
+moejit_status mj_compiler_get_cubin(moejit_compiler *c, const moejit_spec *spec, const char *family,
+                                    const char *arch, const void **cubin, size_t *len, char key[33],
+                                    int *cache_hit);
+
+/* mj_codegen with the compiler's template directory (out->entries lists the
+ * kernel's entry points). Release with mj_kernel_source_free. */
+moejit_status mj_compiler_generate(moejit_compiler *c, const moejit_spec *spec, const char *family,
+                                   const char *arch, mj_kernel_source *out);
 
 #endif

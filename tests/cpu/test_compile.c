@@ -1,0 +1,532 @@
+/* NVRTC and the public compiler, on the CPU: outputs for real archs, error
+ * logs that name template files and lines, the include-dir search, the
+ * cache path (miss, then hit from a new compiler), cache off, read-only
+ * caches, emit files, and every embedded template x preset compiling. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "codegen/codegen.h"
+#include "codegen_support.h"
+#include "common/common.h"
+#include "compile/compile.h"
+#include "test_support.h"
+
+static char *tmp;
+
+static void setup(void) {
+  unsetenv("MOEJIT_TEMPLATE_DIR");
+  unsetenv("MOEJIT_CACHE_DIR");
+  unsetenv("MOEJIT_CACHE_DISABLE");
+  unsetenv("MOEJIT_CACHE_MAXSIZE");
+  unsetenv("MOEJIT_CACHE_FAULT");
+  tmp = ts_mkdtemp("compile");
+}
+static void teardown(void) {
+  ts_rmtree(tmp);
+  free(tmp);
+}
+
+TestSuite(compile, .init = setup, .fini = teardown, .timeout = 120);
+
+#define GOOD cs_template_dir("good")
+#define N_FAMILIES 5 /* route, align, gemm1, gemm2, combine */
+
+static moejit_spec random_spec(const char *what) {
+  moejit_spec s;
+  ts_rng r = ts_rng_fresh(what);
+  cs_random_spec(&r, &s);
+  return s;
+}
+
+static moejit_compiler *new_compiler(const char *cache_dir, const char *template_dir,
+                                     const char *emit_dir, int disable) {
+  moejit_compiler_opts o;
+  moejit_compiler_opts_init(&o);
+  cr_assert_eq(o.lineinfo, 1, "lineinfo defaults on");
+  o.cache_dir = cache_dir;
+  o.template_dir = template_dir;
+  o.emit_dir = emit_dir;
+  o.cache_disable = disable;
+  o.jobs = 2;
+  moejit_compiler *c = NULL;
+  cr_assert_eq(moejit_compiler_create(&c, &o), MOEJIT_OK, "%s", moejit_last_error());
+  return c;
+}
+
+static char *subdir(const char *name) {
+  char *p = malloc(strlen(tmp) + strlen(name) + 2);
+  sprintf(p, "%s/%s", tmp, name);
+  return p;
+}
+
+/* ---- NVRTC --------------------------------------------------------------- */
+
+Test(compile, nvrtc_version_and_archs) {
+  int major = -1, minor = -1;
+  moejit_nvrtc_version(&major, &minor);
+  cr_assert_geq(major, 11);
+  cr_assert_geq(minor, 0);
+  char archs[1024];
+  cr_assert_eq(moejit_nvrtc_archs(archs, sizeof archs), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert(strstr(archs, "sm_80 "), "%s", archs);
+  cr_assert(strstr(archs, "sm_90 sm_90a"), "%s", archs);
+  char small[4];
+  cr_assert_eq(moejit_nvrtc_archs(small, sizeof small), MOEJIT_ERR_INVALID_ARGUMENT);
+  /* Every listed arch, 'a' variants included, really compiles. */
+  mj_kernel_source ks = {.family = "route", .template_name = "probe.cu"};
+  ks.source = (char *)"extern \"C\" __global__ void probe(int *x) { x[threadIdx.x] = 1; }\n";
+  ks.source_len = strlen(ks.source);
+  char *save = NULL;
+  for (char *a = strtok_r(archs, " ", &save); a; a = strtok_r(NULL, " ", &save)) {
+    mj_compile_opts o = {.arch = a};
+    void *cubin = NULL;
+    size_t len = 0;
+    cr_assert_eq(mj_nvrtc_compile(&ks, &o, NULL, NULL, &cubin, &len), MOEJIT_OK, "%s: %s", a,
+                 moejit_last_error());
+    cr_assert_gt(len, 0);
+    free(cubin);
+  }
+}
+
+Test(compile, include_dirs_hold_cuda_bf16) {
+  const char *dir = mj_cuda_include_dir();
+  cr_assert_not_null(dir, "no CUDA include dir");
+  char path[1200];
+  snprintf(path, sizeof path, "%s/cuda_bf16.h", dir);
+  struct stat st;
+  cr_assert_eq(stat(path, &st), 0, "%s", path);
+  const char *dirs[8];
+  int n = mj_cuda_include_dirs(dirs, 8);
+  cr_assert_geq(n, 1);
+  for (int i = 0; i < n; i++) cr_assert_eq(stat(dirs[i], &st), 0, "%s", dirs[i]);
+}
+
+Test(compile, cuda_home_wins_and_a_bad_one_falls_back) {
+  /* Each Criterion test runs in its own process, so the once-only search
+   * starts fresh here. A CUDA_HOME without headers is skipped. */
+  setenv("CUDA_HOME", tmp, 1);
+  setenv("CUDA_PATH", "/usr/local/cuda", 1);
+  const char *dir = mj_cuda_include_dir();
+  cr_assert_not_null(dir);
+  cr_assert_str_eq(dir, "/usr/local/cuda/include");
+}
+
+Test(compile, no_headers_anywhere_is_a_compile_error_with_hint) {
+  setenv("CUDA_HOME", tmp, 1);
+  unsetenv("CUDA_PATH");
+  setenv("MOEJIT_TEST_CUDA_INCLUDE_DIRS", tmp, 1); /* stands in for the build-time list */
+  cr_assert_null(mj_cuda_include_dir());
+  const char *dirs[8];
+  cr_assert_eq(mj_cuda_include_dirs(dirs, 8), 0);
+  moejit_spec s = random_spec("no_headers");
+  mj_kernel_source ks;
+  cr_assert_eq(mj_codegen(&s, "route", "sm_90a", GOOD, &ks), MOEJIT_OK);
+  mj_compile_opts o = {.arch = "sm_90a"};
+  void *cubin;
+  size_t len;
+  cr_assert_eq(mj_nvrtc_compile(&ks, &o, NULL, NULL, &cubin, &len), MOEJIT_ERR_COMPILE);
+  cr_assert(strstr(moejit_last_error(), "HINT: set CUDA_HOME"), "%s", moejit_last_error());
+  cr_assert(strstr(moejit_last_error(), tmp), "lists what was tried: %s", moejit_last_error());
+  mj_kernel_source_free(&ks);
+}
+
+Test(compile, good_templates_give_ptx_and_cubin_for_real_archs) {
+  moejit_spec s = random_spec("good_compile");
+  const char *archs[] = {"sm_90a", "sm_80"};
+  for (int a = 0; a < 2; a++) {
+    for (const char *const *f = mj_kernel_families; *f; f++) {
+      mj_kernel_source ks;
+      cr_assert_eq(mj_codegen(&s, *f, archs[a], GOOD, &ks), MOEJIT_OK, "%s", moejit_last_error());
+      mj_compile_opts o = {.arch = archs[a], .lineinfo = 1};
+      char *ptx = NULL;
+      void *cubin = NULL;
+      size_t ptx_len = 0, cubin_len = 0;
+      cr_assert_eq(mj_nvrtc_compile(&ks, &o, &ptx, &ptx_len, &cubin, &cubin_len), MOEJIT_OK,
+                   "%s %s: %s", *f, archs[a], moejit_last_error());
+      cr_assert_eq(memcmp(cubin, "\177ELF", 4), 0, "a cubin is an ELF file");
+      cr_assert_eq(strlen(ptx), ptx_len);
+      char target[32];
+      snprintf(target, sizeof target, ".target %s", archs[a]);
+      cr_assert(strstr(ptx, target), "PTX for %s lacks '%s'", archs[a], target);
+      for (int e = 0; e < ks.n_entries; e++)
+        cr_assert(strstr(ptx, ks.entries[e]), "PTX lacks entry %s", ks.entries[e]);
+      free(ptx);
+      free(cubin);
+      mj_kernel_source_free(&ks);
+    }
+  }
+}
+
+static void expect_compile_error(const char *dir, const char *where) {
+  moejit_spec s = random_spec("broken");
+  mj_kernel_source ks;
+  cr_assert_eq(mj_codegen(&s, "route", "sm_90a", cs_template_dir(dir), &ks), MOEJIT_OK);
+  mj_compile_opts o = {.arch = "sm_90a", .lineinfo = 1};
+  void *cubin = (void *)1;
+  size_t len = 1;
+  cr_assert_eq(mj_nvrtc_compile(&ks, &o, NULL, NULL, &cubin, &len), MOEJIT_ERR_COMPILE);
+  cr_assert_null(cubin);
+  cr_assert_eq(len, 0);
+  const char *msg = moejit_last_error();
+  cr_assert(strstr(msg, "NVRTC could not compile kernel 'route' for sm_90a (template route.cu):\n"),
+            "%s", msg);
+  cr_assert(strstr(msg, where), "the log should point at %s:\n%s", where, msg);
+  mj_kernel_source_free(&ks);
+}
+
+Test(compile, broken_template_names_its_file_and_line) {
+  expect_compile_error("broken", "route.cu(6): error");
+}
+
+Test(compile, broken_common_header_names_its_file_and_line) {
+  expect_compile_error("broken_common", "common/bad.cuh(3): error");
+}
+
+Test(compile, unsupported_arch_is_unsupported) {
+  moejit_spec s = random_spec("unsupported_arch");
+  mj_kernel_source ks;
+  cr_assert_eq(mj_codegen(&s, "route", "sm_89a", GOOD, &ks), MOEJIT_OK); /* a well-formed name */
+  mj_compile_opts o = {.arch = "sm_89a"};
+  void *cubin;
+  size_t len;
+  moejit_status st = mj_nvrtc_compile(&ks, &o, NULL, NULL, &cubin, &len);
+  cr_assert(st == MOEJIT_ERR_UNSUPPORTED || st == MOEJIT_ERR_COMPILE, "got %d: %s", st,
+            moejit_last_error());
+  mj_kernel_source_free(&ks);
+}
+
+/* ---- the compiler and its cache ------------------------------------------ */
+
+static void check_reports(const moejit_kernel_report *r, size_t n, int want_hit) {
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_eq(r[i].status, MOEJIT_OK, "%s: %s", r[i].kernel, r[i].message);
+    cr_assert_eq(r[i].cache_hit, want_hit, "%s %s hit=%d", r[i].kernel, r[i].arch, r[i].cache_hit);
+    cr_assert_eq(strlen(r[i].key), 32);
+    cr_assert_eq(strspn(r[i].key, "0123456789abcdef"), 32);
+    cr_assert_gt(r[i].cubin_bytes, 0);
+    cr_assert_geq(r[i].ms, 0);
+    cr_assert_str_eq(r[i].kernel, mj_kernel_families[i % N_FAMILIES]);
+  }
+}
+
+Test(compile, first_compile_misses_second_compiler_hits) {
+  moejit_spec s = random_spec("miss_then_hit");
+  s.n_archs = 2;
+  strcpy(s.archs[0], "sm_90a");
+  strcpy(s.archs[1], "sm_80");
+  char *cache = subdir("cache");
+  moejit_compiler *c = new_compiler(cache, GOOD, NULL, 0);
+  char dir[MOEJIT_PATH_MAX];
+  cr_assert_eq(moejit_compiler_cache_dir(c, &s, dir, sizeof dir), MOEJIT_OK);
+  cr_assert_str_eq(dir, cache);
+  moejit_kernel_report r1[2 * N_FAMILIES], r2[2 * N_FAMILIES];
+  size_t n = 0;
+  cr_assert_eq(moejit_compile(c, &s, NULL, r1, 2 * N_FAMILIES, &n), MOEJIT_OK, "%s",
+               moejit_last_error());
+  cr_assert_eq(n, 2 * N_FAMILIES);
+  check_reports(r1, n, 0);
+  cr_assert_str_eq(r1[0].arch, "sm_90a");
+  cr_assert_str_eq(r1[N_FAMILIES].arch, "sm_80");
+  cr_assert_eq(ts_count_files(cache, ".mjc"), 2 * N_FAMILIES);
+  moejit_compiler_destroy(c);
+
+  c = new_compiler(cache, GOOD, NULL, 0);
+  cr_assert_eq(moejit_compile(c, &s, NULL, r2, 2 * N_FAMILIES, &n), MOEJIT_OK, "%s",
+               moejit_last_error());
+  check_reports(r2, n, 1);
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_str_eq(r1[i].key, r2[i].key);
+    cr_assert_eq(r1[i].cubin_bytes, r2[i].cubin_bytes);
+  }
+  /* One arch only, and fewer report slots than kernels. */
+  cr_assert_eq(moejit_compile(c, &s, "sm_80", r2, 2, &n), MOEJIT_OK);
+  cr_assert_eq(n, N_FAMILIES, "n counts every kernel even past cap");
+  cr_assert_str_eq(r2[0].key, r1[N_FAMILIES].key);
+  moejit_compiler_destroy(c);
+  free(cache);
+}
+
+Test(compile, cache_disable_env_and_option) {
+  moejit_spec s = random_spec("cache_disable");
+  char *cache = subdir("cache");
+  setenv("MOEJIT_CACHE_DISABLE", "1", 1);
+  moejit_compiler *c = new_compiler(cache, GOOD, NULL, 0);
+  char dir[MOEJIT_PATH_MAX] = "x";
+  cr_assert_eq(moejit_compiler_cache_dir(c, &s, dir, sizeof dir), MOEJIT_OK);
+  cr_assert_str_eq(dir, "");
+  moejit_kernel_report r[N_FAMILIES];
+  size_t n;
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_OK, "%s",
+               moejit_last_error());
+  check_reports(r, n, 0);
+  cr_assert_eq(ts_count_files(tmp, NULL), 0, "nothing written with the cache off");
+  /* Same compiler: served from memory. */
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_OK);
+  check_reports(r, n, 1);
+  moejit_compiler_destroy(c);
+  unsetenv("MOEJIT_CACHE_DISABLE");
+
+  c = new_compiler(cache, GOOD, NULL, 1); /* the option */
+  cr_assert_eq(moejit_compiler_cache_dir(c, &s, dir, sizeof dir), MOEJIT_OK);
+  cr_assert_str_eq(dir, "");
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_OK);
+  check_reports(r, n, 0);
+  cr_assert_eq(ts_count_files(tmp, NULL), 0);
+  moejit_compiler_destroy(c);
+  free(cache);
+}
+
+Test(compile, cache_dir_precedence) {
+  moejit_spec s = random_spec("cache_precedence");
+  char dir[MOEJIT_PATH_MAX], want[MOEJIT_PATH_MAX + 32];
+  setenv("HOME", "/tmp/home-of-test", 1);
+  unsetenv("XDG_CACHE_HOME");
+  moejit_compiler *c = new_compiler(NULL, GOOD, NULL, 0);
+  cr_assert_eq(moejit_compiler_cache_dir(c, NULL, dir, sizeof dir), MOEJIT_OK);
+  cr_assert_str_eq(dir, "/tmp/home-of-test/.cache/moejit");
+  setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+  moejit_compiler_cache_dir(c, NULL, dir, sizeof dir);
+  cr_assert_str_eq(dir, "/tmp/xdg/moejit");
+  snprintf(s.cache_dir, sizeof s.cache_dir, "%s/from-spec", tmp);
+  moejit_compiler_cache_dir(c, &s, dir, sizeof dir);
+  cr_assert_str_eq(dir, s.cache_dir);
+  snprintf(want, sizeof want, "%s/from-env", tmp);
+  setenv("MOEJIT_CACHE_DIR", want, 1);
+  moejit_compiler_cache_dir(c, &s, dir, sizeof dir);
+  cr_assert_str_eq(dir, want);
+  moejit_compiler_destroy(c);
+  char *opt = subdir("from-opts");
+  c = new_compiler(opt, GOOD, NULL, 0);
+  moejit_compiler_cache_dir(c, &s, dir, sizeof dir);
+  cr_assert_str_eq(dir, opt);
+  char small[8];
+  cr_assert_eq(moejit_compiler_cache_dir(c, &s, small, sizeof small), MOEJIT_ERR_INVALID_ARGUMENT);
+  moejit_compiler_destroy(c);
+  free(opt);
+}
+
+Test(compile, bad_maxsize_env_is_reported) {
+  moejit_spec s = random_spec("maxsize");
+  setenv("MOEJIT_CACHE_MAXSIZE", "lots", 1);
+  char *cache = subdir("cache");
+  moejit_compiler *c = new_compiler(cache, GOOD, NULL, 0);
+  moejit_kernel_report r[N_FAMILIES];
+  size_t n = 99;
+  cr_assert_neq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_OK);
+  cr_assert(strstr(moejit_last_error(), "MOEJIT_CACHE_MAXSIZE"), "%s", moejit_last_error());
+  cr_assert_eq(n, 0);
+  moejit_compiler_destroy(c);
+  free(cache);
+}
+
+Test(compile, emit_dir_gets_cu_ptx_cubin) {
+  moejit_spec s = random_spec("emit");
+  char *emit = subdir("emit/nested"), *cache = subdir("cache");
+  moejit_compiler *c = new_compiler(cache, GOOD, emit, 0);
+  moejit_kernel_report r[N_FAMILIES];
+  size_t n;
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_OK, "%s",
+               moejit_last_error());
+  for (const char *const *f = mj_kernel_families; *f; f++) {
+    const char *ext[] = {"cu", "ptx", "cubin"};
+    for (int e = 0; e < 3; e++) {
+      char path[1400];
+      snprintf(path, sizeof path, "%s/%s.sm_90a.%s", emit, *f, ext[e]);
+      char *data = NULL;
+      size_t len = 0;
+      cr_assert_eq(mj_read_file(path, &data, &len), MOEJIT_OK, "%s", moejit_last_error());
+      cr_assert_gt(len, 0);
+      if (e == 0) { /* the .cu is exactly what moejit_generate gives */
+        char *src = NULL;
+        cr_assert_eq(moejit_generate(c, &s, *f, "sm_90a", &src), MOEJIT_OK);
+        cr_assert_str_eq(data, src);
+        moejit_free(src);
+      }
+      if (e == 2) cr_assert_eq(memcmp(data, "\177ELF", 4), 0);
+      free(data);
+    }
+  }
+  cr_assert_eq(ts_count_files(emit, NULL), 3 * N_FAMILIES);
+  /* A warm cache still emits every file (NVRTC runs again for the PTX). */
+  ts_rmtree(emit);
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_OK);
+  cr_assert_eq(ts_count_files(emit, NULL), 3 * N_FAMILIES);
+  moejit_compiler_destroy(c);
+  free(emit);
+  free(cache);
+}
+
+Test(compile, readonly_cache_still_compiles_in_memory) {
+  moejit_spec s = random_spec("readonly");
+  char *cache = subdir("cache");
+  cr_assert_eq(mj_mkdir_p(cache, 0755), MOEJIT_OK);
+  setenv("MOEJIT_CACHE_FAULT", "readonly", 1); /* the cache layer's fault hook */
+  moejit_compiler *c = new_compiler(cache, GOOD, NULL, 0);
+  moejit_kernel_report r[N_FAMILIES];
+  size_t n;
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_OK, "%s",
+               moejit_last_error());
+  check_reports(r, n, 0);
+  cr_assert(strstr(r[0].message, "not stored"), "a warning says so: '%s'", r[0].message);
+  cr_assert_eq(ts_count_files(cache, ".mjc"), 0);
+  /* The runtime's path: the same cubin pointer, now without compiling. */
+  const void *cubin1 = NULL, *cubin2 = NULL;
+  size_t len1 = 0, len2 = 0;
+  char key[33];
+  int hit = -1;
+  cr_assert_eq(mj_compiler_get_cubin(c, &s, "route", "sm_90a", &cubin1, &len1, key, &hit),
+               MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(hit, 1);
+  cr_assert_str_eq(key, r[0].key);
+  cr_assert_eq(len1, r[0].cubin_bytes);
+  cr_assert_eq(mj_compiler_get_cubin(c, &s, "route", "sm_90a", &cubin2, &len2, NULL, NULL),
+               MOEJIT_OK);
+  cr_assert_eq(cubin1, cubin2);
+  moejit_compiler_destroy(c);
+  free(cache);
+}
+
+Test(compile, unusable_cache_dir_is_a_warning) {
+  moejit_spec s = random_spec("unusable_cache");
+  char *file = ts_write_file(tmp, "a-file", "not a directory\n");
+  char *cache = subdir("a-file/cache");
+  moejit_compiler *c = new_compiler(cache, GOOD, NULL, 0);
+  moejit_kernel_report r[N_FAMILIES];
+  size_t n;
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_OK, "%s",
+               moejit_last_error());
+  check_reports(r, n, 0);
+  cr_assert(strstr(r[0].message, "cache unusable"), "'%s'", r[0].message);
+  moejit_compiler_destroy(c);
+  free(cache);
+  free(file);
+}
+
+Test(compile, failures_are_reported_per_kernel) {
+  moejit_spec s = random_spec("failures");
+  char *emit = subdir("emit");
+  moejit_compiler *c = new_compiler(NULL, cs_template_dir("broken"), emit, 1);
+  moejit_kernel_report r[N_FAMILIES];
+  size_t n = 0;
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &n), MOEJIT_ERR_COMPILE);
+  cr_assert(strstr(moejit_last_error(), "route.cu(6): error"),
+            "the whole log is the last error:\n%s", moejit_last_error());
+  cr_assert_eq(n, N_FAMILIES, "all kernels are tried");
+  cr_assert_eq(r[0].status, MOEJIT_ERR_COMPILE);
+  cr_assert(strstr(r[0].message, "NVRTC could not compile kernel 'route'"), "%s", r[0].message);
+  for (int i = 1; i < N_FAMILIES; i++)
+    cr_assert_eq(r[i].status, MOEJIT_ERR_NOT_FOUND, "broken/ has no %s.cu", r[i].kernel);
+  /* The rejected source is emitted for reading beside the log. */
+  cr_assert_eq(ts_count_files(emit, "route.sm_90a.cu"), 1);
+  cr_assert_eq(ts_count_files(emit, NULL), 1);
+  moejit_compiler_destroy(c);
+  free(emit);
+}
+
+Test(compile, arch_auto_and_bad_arguments_are_refused) {
+  moejit_spec s = random_spec("auto");
+  moejit_compiler *c = new_compiler(NULL, GOOD, NULL, 1);
+  moejit_kernel_report r[N_FAMILIES];
+  size_t n = 7;
+  cr_assert_eq(moejit_compile(c, &s, "auto", r, 4, &n), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "HINT"), "%s", moejit_last_error());
+  cr_assert_eq(n, 0);
+  strcpy(s.archs[0], "auto");
+  cr_assert_eq(moejit_compile(c, &s, NULL, r, 4, &n), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", NULL, 4, &n), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(moejit_compile(NULL, &s, "sm_90a", r, 4, &n), MOEJIT_ERR_INVALID_ARGUMENT);
+  char *src = (char *)1;
+  cr_assert_eq(moejit_generate(c, &s, "route", NULL, &src), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_null(src);
+  const void *cubin;
+  size_t len;
+  cr_assert_eq(mj_compiler_get_cubin(c, &s, "route", "auto", &cubin, &len, NULL, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  moejit_compiler_destroy(c);
+  moejit_compiler_destroy(NULL);
+  cr_assert_eq(moejit_compiler_create(NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+}
+
+typedef struct race {
+  moejit_compiler *c;
+  const moejit_spec *spec;
+  const void *cubin;
+  moejit_status st;
+} race;
+
+static void *race_get(void *arg) {
+  race *r = arg;
+  size_t len;
+  r->st = mj_compiler_get_cubin(r->c, r->spec, "combine", "sm_90a", &r->cubin, &len, NULL, NULL);
+  return NULL;
+}
+
+Test(compile, concurrent_get_cubin_agrees) {
+  moejit_spec s = random_spec("concurrent");
+  char *cache = subdir("cache");
+  moejit_compiler *c = new_compiler(cache, GOOD, NULL, 0);
+  race r[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    r[i] = (race){.c = c, .spec = &s};
+    cr_assert_eq(pthread_create(&t[i], NULL, race_get, &r[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  const void *first = r[0].cubin;
+  for (int i = 0; i < 4; i++) cr_assert_eq(r[i].st, MOEJIT_OK);
+  /* Later calls see one copy (racing compiles may each have produced one,
+   * but the map keeps the first). */
+  const void *again;
+  size_t len;
+  cr_assert_eq(mj_compiler_get_cubin(c, &s, "combine", "sm_90a", &again, &len, NULL, NULL),
+               MOEJIT_OK);
+  int seen = 0;
+  for (int i = 0; i < 4; i++) seen |= r[i].cubin == again;
+  cr_assert(seen || again == first);
+  cr_assert_eq(ts_count_files(cache, ".mjc"), 1);
+  moejit_compiler_destroy(c);
+  free(cache);
+}
+
+/* ---- the real templates -------------------------------------------------- */
+
+static int all_families_embedded(char *missing, size_t cap) {
+  for (const char *const *f = mj_kernel_families; *f; f++) {
+    int found = 0;
+    char name[64];
+    snprintf(name, sizeof name, "%s.cu", *f);
+    for (const mj_embedded_file *e = mj_embedded_templates; e->name; e++)
+      found |= !strcmp(e->name, name);
+    if (!found) {
+      snprintf(missing, cap, "templates/%s", name);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+Test(compile, every_embedded_template_and_preset_compiles, .timeout = 600) {
+  char missing[96];
+  if (!all_families_embedded(missing, sizeof missing))
+    cr_skip_test("%s is not written yet: it is not embedded in this build", missing);
+  cr_assert_gt(mj_embedded_presets_count, 0, "no embedded presets");
+  moejit_compiler *c = new_compiler(NULL, NULL, NULL, 1);
+  for (size_t p = 0; p < mj_embedded_presets_count; p++) {
+    moejit_spec s;
+    cr_assert_eq(moejit_spec_load_preset(mj_embedded_presets[p].name, &s), MOEJIT_OK, "%s",
+                 moejit_last_error());
+    s.n_archs = 2;
+    strcpy(s.archs[0], "sm_90a");
+    strcpy(s.archs[1], "sm_80");
+    moejit_kernel_report r[2 * N_FAMILIES];
+    size_t n = 0;
+    moejit_status st = moejit_compile(c, &s, NULL, r, 2 * N_FAMILIES, &n);
+    cr_assert_eq(st, MOEJIT_OK, "preset %s: %s", mj_embedded_presets[p].name, moejit_last_error());
+    check_reports(r, n, 0);
+  }
+  moejit_compiler_destroy(c);
+}
