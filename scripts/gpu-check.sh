@@ -31,7 +31,7 @@ if [[ "${1:-}" != quick ]]; then
     [[ -x $t ]] || continue
     for tool in memcheck racecheck; do
       log="$OUT/sanitize-$(basename "$t")-$tool.log"
-      compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 "$t" --jobs=1 >"$log" 2>&1
+      compute-sanitizer --tool $tool --report-api-errors no --target-processes all --error-exitcode 9 "$t" --jobs=1 >"$log" 2>&1
       rc=$?
       note "compute-sanitizer $tool $(basename "$t"): rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | sort | uniq -c | tr -s ' ' | head -3 | tr '\n' ' ')"
     done

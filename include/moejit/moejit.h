@@ -333,5 +333,6 @@ MOEJIT_API moejit_status moejit_parse_size(const char *text, uint64_t *bytes);
 #endif
 
 #include "moejit/runtime.h"
+#include "moejit/ops.h"
 
 #endif /* MOEJIT_MOEJIT_H */

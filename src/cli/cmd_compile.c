@@ -31,16 +31,18 @@ static void compile_usage(FILE *f) {
 static void print_table(const moejit_spec *spec, const char *dir, const moejit_kernel_report *r,
                         size_t n, double total_ms, int jobs) {
   printf("%-10s %-8s %-32s %-6s %9s %9s\n", "kernel", "arch", "key", "cache", "ms", "cubin");
-  int hits = 0;
+  int hits = 0, failed = 0;
   for (size_t i = 0; i < n; i++) {
     const char *state = r[i].status != MOEJIT_OK ? "FAIL" : r[i].cache_hit ? "hit" : "miss";
     hits += r[i].status == MOEJIT_OK && r[i].cache_hit;
+    failed += r[i].status != MOEJIT_OK;
     printf("%-10s %-8s %-32s %-6s %9.1f %8zuB\n", r[i].kernel, r[i].arch, r[i].key, state,
            r[i].ms, r[i].cubin_bytes);
     if (r[i].message[0]) printf("  %s: %s\n", r[i].status ? "error" : "warning", r[i].message);
   }
-  printf("%s: %zu kernels, %d from cache, %zu compiled, %.0f ms with %d jobs; cache: %s\n",
-         spec->name, n, hits, n - (size_t)hits, total_ms, jobs, *dir ? dir : "(disabled)");
+  printf("%s: %zu kernels, %d from cache, %zu compiled, %d failed, %.0f ms with %d jobs; cache: %s\n",
+         spec->name, n, hits, n - (size_t)hits - (size_t)failed, failed, total_ms, jobs,
+         *dir ? dir : "(disabled)");
 }
 
 static void print_json(const moejit_spec *spec, const char *dir, const moejit_kernel_report *r,

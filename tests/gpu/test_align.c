@@ -1,0 +1,375 @@
+/* moejit_align on the GPU: every output equal to the CPU reference
+ * (ref_align.c) and, independently, a valid stable permutation with a tile
+ * list covering every expert (ref_align_check); xs rows equal to their
+ * token's x row bit for bit and rows past N untouched. Over E in {8, 64,
+ * 128, 256}, k in {1, 2, 8}, T in {1, 7, 1000, 16384}, expert ranges, all
+ * tokens on one expert, experts with no tokens, invalid ids, both chunk
+ * sizes, fp32/fp16/bf16 rows; outputs poisoned before each run, two runs
+ * bitwise identical; bad arguments refused. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "ops/ops.h"
+#include "ops_gpu.h"
+#include "ref_align.h"
+
+typedef struct align_bufs {
+  int32_t *ids, *counts, *offsets, *sorted, *row_of, *tile_expert, *tile_row, *num_tiles;
+  void *x, *xs, *ws;
+  size_t ws_bytes;
+  int64_t capacity;
+} align_bufs;
+
+static size_t row_bytes(const moejit_spec *s) {
+  return (size_t)s->hidden * moejit_dtype_size(s->act_dtype);
+}
+
+static align_bufs bufs_alloc(const moejit_model *m, int64_t tokens, int with_x) {
+  const moejit_spec *s = moejit_model_spec(m);
+  const size_t n = (size_t)(tokens * s->top_k) * 4;
+  align_bufs b = {0};
+  OPS_OK(moejit_align_tile_capacity(m, tokens, &b.capacity));
+  OPS_OK(moejit_align_workspace_size(m, tokens, &b.ws_bytes));
+  b.ids = ops_alloc(n);
+  b.counts = ops_alloc((size_t)s->experts * 4);
+  b.offsets = ops_alloc((size_t)(s->experts + 1) * 4);
+  b.sorted = ops_alloc(n);
+  b.row_of = ops_alloc(n);
+  b.tile_expert = ops_alloc((size_t)b.capacity * 4);
+  b.tile_row = ops_alloc((size_t)b.capacity * 4);
+  b.num_tiles = ops_alloc(4);
+  b.ws = ops_alloc(b.ws_bytes);
+  if (with_x) {
+    b.x = ops_alloc((size_t)tokens * row_bytes(s));
+    b.xs = ops_alloc((size_t)(tokens * s->top_k) * row_bytes(s));
+  }
+  return b;
+}
+
+static void bufs_free(align_bufs *b) {
+  void *all[] = {b->ids,      b->counts,    b->offsets, b->sorted, b->row_of, b->tile_expert,
+                 b->tile_row, b->num_tiles, b->ws,      b->x,      b->xs};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(all); i++) ops_free(all[i]);
+}
+
+static moejit_align_args args_for(const align_bufs *b, int64_t tokens, int first, int last) {
+  moejit_align_args a = {.tokens = tokens,
+                         .topk_ids = b->ids,
+                         .expert_first = first,
+                         .expert_last = last,
+                         .x = b->x,
+                         .xs = b->xs,
+                         .expert_counts = b->counts,
+                         .expert_offsets = b->offsets,
+                         .sorted_slot = b->sorted,
+                         .row_of = b->row_of,
+                         .tile_expert = b->tile_expert,
+                         .tile_row_start = b->tile_row,
+                         .num_tiles = b->num_tiles,
+                         .workspace = b->ws,
+                         .workspace_bytes = b->ws_bytes};
+  return a;
+}
+
+static void poison_outputs(const moejit_spec *s, const align_bufs *b, int64_t tokens) {
+  const size_t n = (size_t)(tokens * s->top_k) * 4;
+  ops_poison(b->counts, (size_t)s->experts * 4, OPS_POISON_INT);
+  ops_poison(b->offsets, (size_t)(s->experts + 1) * 4, OPS_POISON_INT);
+  ops_poison(b->sorted, n, OPS_POISON_INT);
+  ops_poison(b->row_of, n, OPS_POISON_INT);
+  ops_poison(b->tile_expert, (size_t)b->capacity * 4, OPS_POISON_INT);
+  ops_poison(b->tile_row, (size_t)b->capacity * 4, OPS_POISON_INT);
+  ops_poison(b->num_tiles, 4, OPS_POISON_INT);
+  ops_poison(b->ws, b->ws_bytes, OPS_POISON_INT); /* the workspace needs no init */
+  if (b->xs) ops_poison(b->xs, (size_t)(tokens * s->top_k) * row_bytes(s), OPS_POISON_NAN);
+}
+
+static void download(const moejit_spec *s, const align_bufs *b, int64_t tokens, ref_align_out *o,
+                     void *xs) {
+  const size_t n = (size_t)(tokens * s->top_k) * 4;
+  ops_download(o->counts, b->counts, (size_t)s->experts * 4);
+  ops_download(o->offsets, b->offsets, (size_t)(s->experts + 1) * 4);
+  ops_download(o->sorted_slot, b->sorted, n);
+  ops_download(o->row_of, b->row_of, n);
+  ops_download(o->tile_expert, b->tile_expert, (size_t)b->capacity * 4);
+  ops_download(o->tile_row_start, b->tile_row, (size_t)b->capacity * 4);
+  ops_download(&o->num_tiles, b->num_tiles, 4);
+  if (xs) ops_download(xs, b->xs, (size_t)(tokens * s->top_k) * row_bytes(s));
+}
+
+static int same_out(const moejit_spec *s, int64_t tokens, const ref_align_out *a,
+                    const ref_align_out *b) {
+  const size_t n = (size_t)(tokens * s->top_k) * 4, cap = (size_t)a->tile_capacity * 4;
+  return !memcmp(a->counts, b->counts, (size_t)s->experts * 4) &&
+         !memcmp(a->offsets, b->offsets, (size_t)(s->experts + 1) * 4) &&
+         !memcmp(a->sorted_slot, b->sorted_slot, n) && !memcmp(a->row_of, b->row_of, n) &&
+         !memcmp(a->tile_expert, b->tile_expert, cap) &&
+         !memcmp(a->tile_row_start, b->tile_row_start, cap) && a->num_tiles == b->num_tiles;
+}
+
+static void expect_ints(const int32_t *got, const int32_t *want, int64_t n, const char *field,
+                        const char *what) {
+  for (int64_t i = 0; i < n; i++)
+    cr_assert_eq(got[i], want[i], "%s: %s[%lld] = %d, reference %d", what, field, (long long)i,
+                 got[i], want[i]);
+}
+
+/* xs row r < N is x[sorted_slot[r] / k]; rows from N on kept their poison. */
+static void check_xs(const moejit_spec *s, int64_t tokens, const ref_align_out *o, const void *x,
+                     const void *xs, const char *what) {
+  const size_t rb = row_bytes(s);
+  const int64_t rows = tokens * s->top_k, kept = o->offsets[s->experts];
+  for (int64_t r = 0; r < kept; r++) {
+    const int64_t t = o->sorted_slot[r] / s->top_k;
+    cr_assert(!memcmp((const char *)xs + r * rb, (const char *)x + t * rb, rb),
+              "%s: xs row %lld is not x row %lld", what, (long long)r, (long long)t);
+  }
+  cr_assert(ops_all_words((const char *)xs + kept * rb, (size_t)(rows - kept) * rb, OPS_POISON_NAN),
+            "%s: align wrote xs rows past N = %lld", what, (long long)kept);
+}
+
+/* Runs align twice on `ids` (and random x when the buffers have one),
+ * checks both runs agree bitwise, and checks the result. */
+static void run_and_check(const moejit_model *m, align_bufs *b, int64_t tokens, const int32_t *ids,
+                          int first, int last, ts_rng *r, const char *what) {
+  const moejit_spec *s = moejit_model_spec(m);
+  const ref_align_shape shape = {.tokens = tokens,
+                                 .top_k = s->top_k,
+                                 .experts = s->experts,
+                                 .first = first == last ? 0 : first,
+                                 .last = first == last ? s->experts : last,
+                                 .tile_m = s->gemm1.tile_m};
+  ref_align_out got[2], want;
+  cr_assert(ref_align_out_alloc(&shape, &got[0]) && ref_align_out_alloc(&shape, &got[1]) &&
+            ref_align_out_alloc(&shape, &want));
+  cr_assert_eq(got[0].tile_capacity, b->capacity, "tile capacity: ops.h and the reference differ");
+  const size_t xs_bytes = b->xs ? (size_t)(tokens * s->top_k) * row_bytes(s) : 0;
+  void *x = NULL, *xs[2] = {NULL, NULL};
+  if (b->x) {
+    const size_t x_bytes = (size_t)tokens * row_bytes(s);
+    x = malloc(x_bytes);
+    xs[0] = malloc(xs_bytes);
+    xs[1] = malloc(xs_bytes);
+    cr_assert(x && xs[0] && xs[1]);
+    for (size_t i = 0; i < x_bytes / 4; i++) ((uint32_t *)x)[i] = (uint32_t)ts_next(r);
+    ops_upload(b->x, x, x_bytes);
+  }
+  ops_upload(b->ids, ids, (size_t)(tokens * s->top_k) * 4);
+  const moejit_align_args a = args_for(b, tokens, first, last);
+  for (int run = 0; run < 2; run++) {
+    poison_outputs(s, b, tokens);
+    OPS_OK(moejit_align(m, &a, NULL));
+    download(s, b, tokens, &got[run], xs[run]);
+  }
+  cr_assert(same_out(s, tokens, &got[0], &got[1]), "%s: two identical runs differ", what);
+  cr_assert(!xs_bytes || !memcmp(xs[0], xs[1], xs_bytes), "%s: xs differs between runs", what);
+
+  const char *bad = ref_align_check(&shape, ids, &got[0]);
+  cr_assert(bad == NULL, "%s: %s", what, bad);
+  ref_align(&shape, ids, &want);
+  const int64_t n = tokens * s->top_k;
+  expect_ints(got[0].counts, want.counts, s->experts, "counts", what);
+  expect_ints(got[0].offsets, want.offsets, s->experts + 1, "offsets", what);
+  expect_ints(got[0].sorted_slot, want.sorted_slot, n, "sorted_slot", what);
+  expect_ints(got[0].row_of, want.row_of, n, "row_of", what);
+  cr_assert_eq(got[0].num_tiles, want.num_tiles, "%s: num_tiles", what);
+  expect_ints(got[0].tile_expert, want.tile_expert, want.tile_capacity, "tile_expert", what);
+  expect_ints(got[0].tile_row_start, want.tile_row_start, want.tile_capacity, "tile_row_start",
+              what);
+  if (x) check_xs(s, tokens, &got[0], x, xs[0], what);
+  free(x);
+  free(xs[0]);
+  free(xs[1]);
+  ref_align_out_free(&got[0]);
+  ref_align_out_free(&got[1]);
+  ref_align_out_free(&want);
+}
+
+TestSuite(align_gpu, .timeout = 600);
+
+Test(align_gpu, grid_of_experts_topk_and_tokens) {
+  OPS_REQUIRE_GPU();
+  static const int experts[] = {8, 64, 128, 256}, top_k[] = {1, 2, 8};
+  static const int64_t tokens[] = {1, 7, 1000, 16384};
+  enum { NE = 4, NK = 3 };
+  moejit_spec specs[NE * NK];
+  moejit_model *models[NE * NK];
+  for (int e = 0; e < NE; e++)
+    for (int k = 0; k < NK; k++) specs[e * NK + k] = ops_spec(experts[e], top_k[k], 256);
+  ops_load_models(specs, NE * NK, MJ_OPS_ALIGN, models);
+  ts_rng r = ts_rng_fresh("align-grid");
+  int32_t *ids = malloc(sizeof(int32_t) * 16384 * 8);
+  for (int i = 0; i < NE * NK; i++) {
+    for (size_t t = 0; t < MJ_ARRAY_LEN(tokens); t++) {
+      const int64_t T = tokens[t];
+      const int with_x = T <= 1000; /* the copy at T = 16384: dedicated tests */
+      char what[96];
+      snprintf(what, sizeof what, "E=%d k=%d T=%lld", specs[i].experts, specs[i].top_k,
+               (long long)T);
+      ops_random_ids(&r, T, specs[i].top_k, specs[i].experts, ids);
+      align_bufs b = bufs_alloc(models[i], T, with_x);
+      run_and_check(models[i], &b, T, ids, 0, 0, &r, what);
+      bufs_free(&b);
+    }
+    moejit_model_destroy(models[i]);
+  }
+  free(ids);
+}
+
+/* Preset shapes with the copy at full size (Qwen3 at T = 16384, DeepSeek-V3
+ * rows at T = 1000), other row dtypes, a 256-thread block (another chunk
+ * size) and a 64-row GEMM tile. */
+Test(align_gpu, copies_rows_of_every_dtype) {
+  OPS_REQUIRE_GPU();
+  moejit_spec specs[5] = {ops_spec(128, 8, 2048), ops_spec(256, 8, 7168), ops_spec(64, 2, 512),
+                          ops_spec(32, 4, 264), ops_spec(256, 8, 256)};
+  const int64_t tokens[5] = {16384, 1000, 1000, 777, 16384};
+  specs[2].act_dtype = MOEJIT_DTYPE_FP32;
+  specs[3].act_dtype = MOEJIT_DTYPE_FP16;
+  specs[4].align.block_threads = 256;
+  specs[4].gemm1.tile_m = 64;
+  moejit_model *models[5];
+  ops_load_models(specs, 5, MJ_OPS_ALIGN, models);
+  ts_rng r = ts_rng_fresh("align-copy");
+  int32_t *ids = malloc(sizeof(int32_t) * 16384 * 8);
+  for (int i = 0; i < 5; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "copy E=%d k=%d d=%lld %s T=%lld", specs[i].experts, specs[i].top_k,
+             (long long)specs[i].hidden, moejit_dtype_name(specs[i].act_dtype),
+             (long long)tokens[i]);
+    ops_random_ids(&r, tokens[i], specs[i].top_k, specs[i].experts, ids);
+    align_bufs b = bufs_alloc(models[i], tokens[i], 1);
+    run_and_check(models[i], &b, tokens[i], ids, 0, 0, &r, what);
+    bufs_free(&b);
+    moejit_model_destroy(models[i]);
+  }
+  free(ids);
+}
+
+Test(align_gpu, expert_ranges_drop_the_other_experts) {
+  OPS_REQUIRE_GPU();
+  const moejit_spec s = ops_spec(64, 8, 256);
+  moejit_model *m = NULL;
+  ops_load_models(&s, 1, MJ_OPS_ALIGN, &m);
+  ts_rng r = ts_rng_fresh("align-ranges");
+  const int64_t T = 1000;
+  int32_t *ids = malloc(sizeof(int32_t) * T * 8);
+  ops_random_ids(&r, T, 8, 64, ids);
+  const int ranges[][2] = {{16, 32}, {0, 1}, {63, 64}, {0, 64}, {5, 6}};
+  align_bufs b = bufs_alloc(m, T, 1);
+  for (size_t i = 0; i < MJ_ARRAY_LEN(ranges); i++) {
+    char what[64];
+    snprintf(what, sizeof what, "range [%d, %d)", ranges[i][0], ranges[i][1]);
+    run_and_check(m, &b, T, ids, ranges[i][0], ranges[i][1], &r, what);
+  }
+  bufs_free(&b);
+  free(ids);
+  moejit_model_destroy(m);
+}
+
+/* All tokens on one expert (also the same expert k times in a token),
+ * experts without tokens, and ids outside 0..E-1 (dropped). */
+Test(align_gpu, skewed_empty_and_invalid_ids) {
+  OPS_REQUIRE_GPU();
+  moejit_spec specs[2] = {ops_spec(256, 8, 256), ops_spec(128, 8, 2048)};
+  specs[1].align.block_threads = 256;
+  moejit_model *models[2];
+  ops_load_models(specs, 2, MJ_OPS_ALIGN, models);
+  ts_rng r = ts_rng_fresh("align-skew");
+  const int64_t T = 16384;
+  int32_t *ids = malloc(sizeof(int32_t) * T * 8);
+  for (int i = 0; i < 2; i++) {
+    const int E = specs[i].experts;
+    align_bufs b = bufs_alloc(models[i], T, 0);
+    for (int64_t e = 0; e < T * 8; e++) ids[e] = 3;
+    run_and_check(models[i], &b, T, ids, 0, 0, &r, "every entry on expert 3");
+    ops_random_ids(&r, T, 8, E, ids);
+    for (int64_t t = 0; t < T; t++) ids[t * 8 + (t % 8)] = E - 1;
+    run_and_check(models[i], &b, T, ids, 0, 0, &r, "every token on expert E-1");
+    for (int64_t e = 0; e < T * 8; e++) ids[e] = 2 * (int32_t)(ts_next(&r) % (uint64_t)(E / 2));
+    run_and_check(models[i], &b, T, ids, 0, 0, &r, "odd experts empty");
+    for (int64_t e = 0; e < T * 8; e += 5)
+      ids[e] = (e / 5) % 3 == 0 ? -1 : (e / 5) % 3 == 1 ? E : 1 << 30;
+    run_and_check(models[i], &b, T, ids, 0, 0, &r, "invalid ids");
+    run_and_check(models[i], &b, T, ids, E / 2, E, &r, "invalid ids with a range");
+    bufs_free(&b);
+    moejit_model_destroy(models[i]);
+  }
+  free(ids);
+}
+
+Test(align_gpu, workspace_for_more_tokens_serves_fewer) {
+  OPS_REQUIRE_GPU();
+  const moejit_spec s = ops_spec(128, 8, 256);
+  moejit_model *m = NULL;
+  ops_load_models(&s, 1, MJ_OPS_ALIGN, &m);
+  size_t prev = 0;
+  for (int64_t T = 1; T <= 1 << 20; T *= 4) {
+    size_t bytes = 0;
+    OPS_OK(moejit_align_workspace_size(m, T, &bytes));
+    cr_expect_geq(bytes, prev, "workspace shrinks from %zu to %zu at T = %lld", prev, bytes,
+                  (long long)T);
+    prev = bytes;
+  }
+  ts_rng r = ts_rng_fresh("align-workspace");
+  align_bufs b = bufs_alloc(m, 5000, 1);
+  int32_t *ids = malloc(sizeof(int32_t) * 777 * 8);
+  ops_random_ids(&r, 777, 8, 128, ids);
+  run_and_check(m, &b, 777, ids, 0, 0, &r, "T = 777 in buffers for 5000");
+  free(ids);
+  bufs_free(&b);
+  moejit_model_destroy(m);
+}
+
+Test(align_gpu, bad_arguments_are_refused_before_launching) {
+  OPS_REQUIRE_GPU();
+  const moejit_spec s = ops_spec(64, 4, 256);
+  moejit_model *m = NULL;
+  ops_load_models(&s, 1, MJ_OPS_ALIGN, &m);
+  align_bufs b = bufs_alloc(m, 100, 1);
+  poison_outputs(&s, &b, 100);
+  const moejit_align_args good = args_for(&b, 100, 0, 0);
+  moejit_align_args a;
+#define REFUSED(change, needle)                                                            \
+  do {                                                                                     \
+    a = good;                                                                              \
+    change;                                                                                \
+    cr_expect_eq(moejit_align(m, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT, #change);         \
+    cr_expect(strstr(moejit_last_error(), needle), "%s: message '%s' lacks '%s'", #change, \
+              moejit_last_error(), needle);                                                \
+  } while (0)
+  REFUSED(a.tokens = 0, "tokens");
+  REFUSED(a.tokens = (int64_t)INT32_MAX, "tokens");
+  REFUSED(a.topk_ids = NULL, "topk_ids");
+  REFUSED(a.expert_first = 3, "range");
+  REFUSED((a.expert_first = 10, a.expert_last = 5), "range");
+  REFUSED((a.expert_first = 0, a.expert_last = 65), "range");
+  REFUSED(a.expert_first = -1, "range");
+  REFUSED(a.xs = NULL, "xs");
+  REFUSED(a.x = NULL, "x");
+  REFUSED(a.x = (const char *)b.x + 8, "aligned");
+  REFUSED(a.xs = (char *)b.xs + 2, "aligned");
+  REFUSED(a.row_of = NULL, "row_of");
+  REFUSED(a.sorted_slot = NULL, "sorted_slot");
+  REFUSED(a.num_tiles = NULL, "num_tiles");
+  REFUSED(a.tile_expert = (int32_t *)((char *)b.tile_expert + 1), "tile_expert");
+  REFUSED(a.workspace = NULL, "workspace");
+  REFUSED(a.workspace_bytes = b.ws_bytes - 1, "workspace_bytes");
+  REFUSED(a.tokens = 101, "workspace_bytes"); /* buffers sized for 100 */
+#undef REFUSED
+  size_t bytes;
+  int64_t tiles;
+  cr_expect_eq(moejit_align_workspace_size(m, 0, &bytes), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_align_workspace_size(NULL, 5, &bytes), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_align_tile_capacity(m, 5, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  OPS_OK(moejit_align_tile_capacity(m, 100, &tiles));
+  cr_expect_eq(tiles, 100 * 4 / 128 + 64); /* min(400, 3 + 64) */
+  int32_t row_of[400];
+  ops_download(row_of, b.row_of, sizeof row_of);
+  cr_expect(ops_all_words(row_of, sizeof row_of, OPS_POISON_INT), "a refused call wrote outputs");
+  bufs_free(&b);
+  moejit_model_destroy(m);
+}
