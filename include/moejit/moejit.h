@@ -334,5 +334,6 @@ MOEJIT_API moejit_status moejit_parse_size(const char *text, uint64_t *bytes);
 
 #include "moejit/runtime.h"
 #include "moejit/ops.h"
+#include "moejit/gemm.h"
 
 #endif /* MOEJIT_MOEJIT_H */

@@ -1,0 +1,258 @@
+/* moejit_bench_gemm: grouped expert GEMMs (gemm1 + SwiGLU, gemm2) of the
+ * presets at several token counts with random uniform routing, timed with
+ * CUDA events; each point against its floor max(FLOPs / 750 TFLOP/s,
+ * bytes / 3.0 TB/s) (docs/gemm.md, DESIGN.md: the H100 figures). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moejit/gemm.h"
+#include "moejit/moejit.h"
+
+#define PEAK_FLOPS 750e12
+#define PEAK_BYTES 3.0e12
+#define CHUNK_BYTES ((size_t)64 << 20) /* random host data tiled over device buffers */
+#define ROTATE_BYTES 100e6             /* 2x the H100 L2: inputs rotate until this much */
+#define MAX_SETS 16
+#define MAX_POINTS 64
+
+typedef struct point {
+  char preset[64]; /* a copy: callers pass names that live on their stack */
+  const char *gemm;
+  int64_t tokens;
+  double us, tflops, weight_tbs, floor_us;
+} point;
+
+static point g_points[MAX_POINTS];
+static int g_n_points;
+static void *g_chunk; /* CHUNK_BYTES of random bf16/fp16 values on the host */
+
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    moejit_status st_ = (call);                                                             \
+    if (st_ != MOEJIT_OK) {                                                                 \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, moejit_last_error());  \
+      exit(1);                                                                              \
+    }                                                                                       \
+  } while (0)
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng_next(void) {
+  rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
+  return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+/* Small values in [-1/32, 1/32) as bf16/fp16 bits: sums stay finite. */
+static void make_chunk(moejit_dtype dt) {
+  uint16_t *c = malloc(CHUNK_BYTES);
+  if (!c) fprintf(stderr, "out of host memory\n"), exit(1);
+  for (size_t i = 0; i < CHUNK_BYTES / 2; i++) {
+    uint64_t r = rng_next();
+    /* exponent 2^-6..2^-9, random mantissa and sign */
+    if (dt == MOEJIT_DTYPE_BF16) c[i] = (uint16_t)(((r & 1) << 15) | ((118 + (r >> 1) % 4) << 7) | ((r >> 8) & 0x7f));
+    else c[i] = (uint16_t)(((r & 1) << 15) | ((6 + (r >> 1) % 4) << 10) | ((r >> 8) & 0x3ff));
+  }
+  g_chunk = c;
+}
+
+static void *dev_random(moejit_ctx *ctx, size_t bytes) {
+  void *d;
+  CHECK(moejit_mem_alloc(ctx, bytes, NULL, &d));
+  size_t first = bytes < CHUNK_BYTES ? bytes : CHUNK_BYTES;
+  CHECK(moejit_memcpy_htod(ctx, d, g_chunk, first, NULL));
+  for (size_t off = first; off < bytes; off += CHUNK_BYTES) {
+    size_t n = bytes - off < CHUNK_BYTES ? bytes - off : CHUNK_BYTES;
+    CHECK(moejit_memcpy_dtod(ctx, (char *)d + off, d, n, NULL));
+  }
+  return d;
+}
+
+/* Random uniform routing: each token picks top_k distinct experts. Writes
+ * offsets [E+1]; returns the number of experts with rows. */
+static int route_random(const moejit_spec *s, int64_t tokens, int32_t *offsets) {
+  int32_t *counts = calloc((size_t)s->experts, sizeof *counts);
+  int picked[64];
+  for (int64_t t = 0; t < tokens; t++)
+    for (int j = 0; j < s->top_k; j++) {
+      int e, dup;
+      do {
+        e = (int)(rng_next() % (uint64_t)s->experts);
+        dup = 0;
+        for (int i = 0; i < j; i++) dup |= picked[i] == e;
+      } while (dup);
+      picked[j] = e;
+      counts[e]++;
+    }
+  int active = 0;
+  offsets[0] = 0;
+  for (int e = 0; e < s->experts; e++) {
+    offsets[e + 1] = offsets[e] + counts[e];
+    active += counts[e] > 0;
+  }
+  free(counts);
+  return active;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef struct io_set {
+  void *x, *h, *y, *offsets;
+  float *scale;
+} io_set;
+
+/* Median µs of `iters` back-to-back launches of one GEMM over the sets. */
+static double time_gemm(moejit_ctx *ctx, const moejit_spec *s, int which, const void *w,
+                        io_set *sets, int n_sets, int64_t rows, int iters, moejit_stream stream) {
+  moejit_event ev[257];
+  double ms[256];
+  if (iters > 256) iters = 256;
+  for (int i = 0; i <= iters; i++) CHECK(moejit_event_create(ctx, &ev[i]));
+  for (int i = -3; i < iters; i++) { /* 3 warm-up launches, then timed ones */
+    io_set *io = &sets[(i + 3) % n_sets];
+    moejit_gemm_args a = {which == 1 ? io->x : io->h, w, which == 1 ? io->h : io->y, io->offsets,
+                          which == 2 ? io->scale : NULL, rows, MOEJIT_GEMM_PATH_AUTO};
+    if (i == 0) CHECK(moejit_event_record(ctx, ev[0], stream));
+    CHECK(which == 1 ? moejit_gemm1_swiglu(ctx, s, &a, stream) : moejit_gemm2(ctx, s, &a, stream));
+    if (i >= 0) CHECK(moejit_event_record(ctx, ev[i + 1], stream));
+  }
+  CHECK(moejit_event_synchronize(ctx, ev[iters]));
+  for (int i = 0; i < iters; i++) {
+    float t;
+    CHECK(moejit_event_elapsed_ms(ctx, ev[i], ev[i + 1], &t));
+    ms[i] = t;
+  }
+  for (int i = 0; i <= iters; i++) moejit_event_destroy(ctx, ev[i]);
+  qsort(ms, (size_t)iters, sizeof ms[0], cmp_double);
+  return ms[iters / 2] * 1e3;
+}
+
+static void report(const char *preset, const char *gemm, int64_t tokens, double us, double flops,
+                   double weight_bytes, double bytes) {
+  double floor_us = fmax(flops / PEAK_FLOPS, bytes / PEAK_BYTES) * 1e6;
+  point p = {"", gemm, tokens, us, flops / (us * 1e-6) / 1e12, weight_bytes / (us * 1e-6) / 1e12,
+             floor_us};
+  snprintf(p.preset, sizeof p.preset, "%s", preset);
+  printf("%-14s %-6s T=%-6lld %9.1f us  %7.1f TFLOP/s  %5.2f TB/s weights  floor %8.1f us  %5.1f%% of floor\n",
+         preset, gemm, (long long)tokens, us, p.tflops, p.weight_tbs, floor_us, 100 * floor_us / us);
+  fflush(stdout);
+  if (g_n_points < MAX_POINTS) g_points[g_n_points++] = p;
+}
+
+static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, const void *w2,
+                        int64_t tokens, int iters, moejit_stream stream) {
+  int64_t rows = tokens * s->top_k, d = s->hidden, f = s->expert_width;
+  size_t esz = moejit_dtype_size(s->act_dtype), wsz = moejit_dtype_size(s->weight_dtype);
+  int32_t *off = malloc(sizeof(int32_t) * ((size_t)s->experts + 1));
+  io_set sets[MAX_SETS];
+  double active = 0;
+  int n_sets = 0;
+  double touched = 0;
+  do { /* rotate routings and buffers until one pass touches ROTATE_BYTES */
+    io_set *io = &sets[n_sets++];
+    int act = route_random(s, tokens, off);
+    active += act;
+    io->x = dev_random(ctx, (size_t)(rows * d) * esz);
+    io->h = dev_random(ctx, (size_t)(rows * f) * esz);
+    io->y = dev_random(ctx, (size_t)(rows * d) * esz);
+    CHECK(moejit_mem_alloc(ctx, sizeof(int32_t) * ((size_t)s->experts + 1), NULL, &io->offsets));
+    CHECK(moejit_memcpy_htod(ctx, io->offsets, off, sizeof(int32_t) * ((size_t)s->experts + 1), NULL));
+    float *sc = malloc(sizeof(float) * (size_t)rows);
+    for (int64_t i = 0; i < rows; i++) sc[i] = 1.0f / (float)s->top_k;
+    CHECK(moejit_mem_alloc(ctx, sizeof(float) * (size_t)rows, NULL, (void **)&io->scale));
+    CHECK(moejit_memcpy_htod(ctx, io->scale, sc, sizeof(float) * (size_t)rows, NULL));
+    free(sc);
+    touched += (double)act * 3 * (double)(f * d) * (double)wsz + (double)(rows * (2 * d + 2 * f)) * (double)esz;
+  } while (touched < ROTATE_BYTES && n_sets < MAX_SETS);
+  active /= n_sets;
+  CHECK(moejit_ctx_synchronize(ctx));
+  double m = (double)rows;
+  double us1 = time_gemm(ctx, s, 1, w1, sets, n_sets, rows, iters, stream);
+  double wb1 = active * 2 * (double)(f * d) * (double)wsz;
+  report(s->name, "gemm1", tokens, us1, 2 * m * 2 * (double)f * (double)d, wb1,
+         wb1 + m * (double)(d + f) * (double)esz);
+  double us2 = time_gemm(ctx, s, 2, w2, sets, n_sets, rows, iters, stream);
+  double wb2 = active * (double)(f * d) * (double)wsz;
+  report(s->name, "gemm2", tokens, us2, 2 * m * (double)d * (double)f, wb2,
+         wb2 + m * (double)(d + f) * (double)esz);
+  for (int i = 0; i < n_sets; i++) {
+    moejit_mem_free(ctx, sets[i].x, NULL), moejit_mem_free(ctx, sets[i].h, NULL);
+    moejit_mem_free(ctx, sets[i].y, NULL), moejit_mem_free(ctx, sets[i].offsets, NULL);
+    moejit_mem_free(ctx, sets[i].scale, NULL);
+  }
+  free(off);
+}
+
+static void bench_preset(moejit_ctx *ctx, const char *name, const int64_t *tokens, int n_tokens,
+                         int iters, moejit_stream stream) {
+  moejit_spec s;
+  CHECK(moejit_spec_load_preset(name, &s));
+  size_t wsz = moejit_dtype_size(s.weight_dtype);
+  size_t w1_bytes = (size_t)s.experts * 2 * (size_t)s.expert_width * (size_t)s.hidden * wsz;
+  size_t w2_bytes = (size_t)s.experts * (size_t)s.hidden * (size_t)s.expert_width * wsz;
+  printf("# %s: d=%lld f=%lld E=%d k=%d, gemm1 %dx%dx%d/%d st/%d w, gemm2 %dx%dx%d/%d st/%d w, "
+         "weights %.2f GB\n",
+         name, (long long)s.hidden, (long long)s.expert_width, s.experts, s.top_k, s.gemm1.tile_m,
+         s.gemm1.tile_n, s.gemm1.tile_k, s.gemm1.stages, s.gemm1.warps, s.gemm2.tile_m,
+         s.gemm2.tile_n, s.gemm2.tile_k, s.gemm2.stages, s.gemm2.warps,
+         (double)(w1_bytes + w2_bytes) / 1e9);
+  void *w1 = dev_random(ctx, w1_bytes), *w2 = dev_random(ctx, w2_bytes);
+  for (int i = 0; i < n_tokens; i++) bench_point(ctx, &s, w1, w2, tokens[i], iters, stream);
+  CHECK(moejit_ctx_synchronize(ctx));
+  moejit_mem_free(ctx, w1, NULL), moejit_mem_free(ctx, w2, NULL);
+}
+
+static void print_table(void) {
+  printf("\n%-14s %-6s %7s %10s %9s %9s %10s %8s\n", "preset", "gemm", "T", "time us", "TFLOP/s",
+         "W TB/s", "floor us", "% floor");
+  for (int i = 0; i < g_n_points; i++) {
+    const point *p = &g_points[i];
+    printf("%-14s %-6s %7lld %10.1f %9.1f %9.2f %10.1f %7.1f%%\n", p->preset, p->gemm,
+           (long long)p->tokens, p->us, p->tflops, p->weight_tbs, p->floor_us, 100 * p->floor_us / p->us);
+  }
+}
+
+int main(int argc, char **argv) {
+  const char *presets[8] = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"};
+  int n_presets = 3, n_tokens = 5, iters = 30, custom = 0;
+  int64_t tokens[16] = {1, 32, 256, 2048, 16384};
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--preset") && i + 1 < argc) {
+      if (!custom) n_presets = 0, custom = 1; /* named presets replace the default list */
+      if (n_presets < 8) presets[n_presets++] = argv[++i];
+    } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+      n_tokens = 0;
+      for (char *t = strtok(argv[++i], ","); t && n_tokens < 16; t = strtok(NULL, ","))
+        tokens[n_tokens++] = atoll(t);
+    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = atoi(argv[++i]);
+    } else {
+      printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
+             "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
+             "qwen3-30b-a3b, deepseek-v3) at T tokens with random uniform top-k routing:\n"
+             "median of N launches after 3 warm-ups, against the floor\n"
+             "max(FLOPs / 750 TFLOP/s, bytes / 3.0 TB/s), bytes = active experts' weights + A + C.\n");
+      return strcmp(argv[i], "--help") ? 2 : 0;
+    }
+  }
+  if (iters < 20) iters = 20;
+  moejit_ctx *ctx;
+  CHECK(moejit_ctx_create(&ctx, NULL));
+  moejit_device_info info;
+  CHECK(moejit_ctx_device_info(ctx, &info));
+  printf("# device: %s (%s, %d SMs)\n", info.name, info.arch, info.sm_count);
+  moejit_stream stream;
+  CHECK(moejit_stream_create(ctx, &stream));
+  make_chunk(MOEJIT_DTYPE_BF16);
+  for (int i = 0; i < n_presets; i++) bench_preset(ctx, presets[i], tokens, n_tokens, iters, stream);
+  print_table();
+  moejit_stream_destroy(ctx, stream);
+  moejit_ctx_destroy(ctx);
+  free(g_chunk);
+  return 0;
+}

@@ -1,0 +1,86 @@
+/* moejit grouped expert GEMMs: GEMM 1 (gate + up) with SwiGLU fused, and
+ * GEMM 2 (down) with an optional per-row scale. Include moejit/moejit.h (or
+ * this header, which includes it).
+ *
+ * What they compute, for experts e = 0..E-1 owning the rows
+ * [offsets[e], offsets[e+1]) of the permuted activations (rows grouped by
+ * expert, as the align stage writes them; row_scale and outputs use the same
+ * row order):
+ *
+ *   gemm1:  h[r, j] = silu(a[r,:] . W1[e, j, :]) * (a[r,:] . W1[e, f + j, :])
+ *           a [max_rows, d], W1 [E, 2f, d], h [max_rows, f]
+ *   gemm2:  y[r, i] = row_scale[r] * (a[r,:] . W2[e, i, :])  (scale 1 if NULL)
+ *           a [max_rows, f], W2 [E, d, f], y [max_rows, d]
+ *
+ * with d = spec.hidden, f = spec.expert_width, all row-major and dense, W1
+ * and W2 as checkpoints store them (W1: the f gate rows, then the f up rows).
+ * Activations, weights and outputs use spec.act_dtype / spec.weight_dtype /
+ * spec.act_dtype; sums are fp32 and outputs rounded once.
+ *
+ * Conventions (those of moejit/ops.h):
+ * - The per-expert row counts stay on the device: offsets is read by the
+ *   kernels only, never by the host. The grid is sized from max_rows (an
+ *   upper bound of offsets[E], e.g. T * top_k); CTAs without rows exit. Rows
+ *   from offsets[E] to max_rows - 1 are not written.
+ * - Arguments are checked before anything is launched; a failed check is
+ *   MOEJIT_ERR_INVALID_ARGUMENT naming the field, and nothing is enqueued.
+ * - A launch never waits for the GPU, never allocates and never copies to the
+ *   host (graph-capturable). The first call for a spec generates and compiles
+ *   the kernel (NVRTC, or the disk cache): warm it with moejit_compile or a
+ *   first call outside timed or captured regions.
+ * - Deterministic: the same inputs give bitwise-identical outputs.
+ * - Thread-safe (the ctx is locked internally).
+ * Kernel design, tiling and tuning notes: docs/gemm.md. */
+#ifndef MOEJIT_GEMM_H
+#define MOEJIT_GEMM_H
+
+#include "moejit/moejit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which kernel runs a GEMM. */
+typedef enum moejit_gemm_path {
+  /* Tensor cores (mma.sync, cp.async pipeline) when the spec allows it: act
+   * and weight dtypes equal and fp16 or bf16, d and f multiples of 8; else
+   * the SIMT kernel. */
+  MOEJIT_GEMM_PATH_AUTO = 0,
+  /* Tensor cores or MOEJIT_ERR_UNSUPPORTED saying why not. */
+  MOEJIT_GEMM_PATH_MMA = 1,
+  /* One thread per output, fp32 sums in k order: slow, any dtypes; the
+   * reference the tests compare the tensor-core kernels with. */
+  MOEJIT_GEMM_PATH_SIMT = 2
+} moejit_gemm_path;
+
+typedef struct moejit_gemm_args {
+  const void *a;                  /* activations [max_rows, K]; 16-byte aligned */
+  const void *w;                  /* weights W1 [E, 2f, d] or W2 [E, d, f]; 16-byte aligned */
+  void *out;                      /* h [max_rows, f] or y [max_rows, d]; 16-byte aligned */
+  const int32_t *expert_offsets;  /* [E + 1], non-decreasing, offsets[E] <= max_rows;
+                                     4-byte aligned */
+  const float *row_scale;         /* gemm2: [max_rows] fp32 or NULL (no scale), 4-byte
+                                     aligned; gemm1 ignores it */
+  int64_t max_rows;               /* rows the buffers hold, 0 .. INT32_MAX; 0 launches
+                                     nothing */
+  moejit_gemm_path path;          /* 0 (AUTO) unless testing */
+} moejit_gemm_args;
+
+/* GEMM 1 with SwiGLU: h = silu(a W1_gate^T) * (a W1_up^T) per expert, tiled by
+ * spec.gemm1. Errors: INVALID_ARGUMENT (NULL or misaligned pointers,
+ * max_rows out of range); UNSUPPORTED (path MMA where it cannot run, or
+ * gemm1.warps 12, which the tensor-core kernel does not take yet); COMPILE,
+ * CONFIG, CUDA as moejit_ctx_get_kernel and launches report them. */
+MOEJIT_API moejit_status moejit_gemm1_swiglu(moejit_ctx *ctx, const moejit_spec *spec,
+                                             const moejit_gemm_args *args, moejit_stream stream);
+
+/* GEMM 2: y = row_scale * (a W2^T) per expert, tiled by spec.gemm2. Errors as
+ * moejit_gemm1_swiglu. */
+MOEJIT_API moejit_status moejit_gemm2(moejit_ctx *ctx, const moejit_spec *spec,
+                                      const moejit_gemm_args *args, moejit_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,127 @@
+/* Launch plans of the grouped GEMMs: entry, grid, block and shared memory,
+ * derived from the spec exactly as templates/common/gemm_*.cuh derive them
+ * (the kernels trap if they get less shared memory than they need). */
+#include <stdint.h>
+
+#include "common/common.h"
+#include "ops/gemm.h"
+
+/* The SIMT kernels loop over their outputs: more blocks only add launches. */
+#define MJ_GEMM_SIMT_MAX_BLOCKS (1u << 20)
+
+void mj_gemm_warp_layout(int tile_m, int tile_n, int warps, int *wm_out, int *wn_out,
+                         int *wk_out) {
+  int best_m = 1, best_n = 1, best_k = warps, best_cost = 1 << 30;
+  for (int wm = 1; wm <= warps; ++wm) {
+    if (warps % wm != 0 || (tile_m / 16) % wm != 0) continue;
+    for (int wn = 1; wn <= warps / wm; ++wn) {
+      if ((warps / wm) % wn != 0 || (tile_n / 16) % wn != 0) continue;
+      int wk = warps / (wm * wn), cost = wk * 100000 + tile_m / wm + tile_n / wn;
+      if (cost < best_cost) best_cost = cost, best_m = wm, best_n = wn, best_k = wk;
+    }
+  }
+  *wm_out = best_m, *wn_out = best_n, *wk_out = best_k;
+}
+
+const char *mj_gemm_mma_blocker(const moejit_spec *spec, int which) {
+  const moejit_gemm_cfg *g = which == 1 ? &spec->gemm1 : &spec->gemm2;
+  if (spec->act_dtype != spec->weight_dtype) return "activation and weight dtypes differ";
+  if (spec->act_dtype != MOEJIT_DTYPE_BF16 && spec->act_dtype != MOEJIT_DTYPE_FP16)
+    return "the tensor-core kernel takes fp16 or bf16 only";
+  if (spec->hidden % 8 != 0 || spec->expert_width % 8 != 0)
+    return "hidden and expert_width must be multiples of 8 (16-byte rows)";
+  if (g->warps != 4 && g->warps != 8) return "the tensor-core kernel takes 4 or 8 warps";
+  return NULL;
+}
+
+static int one_of(int v, const int *set, int n) {
+  for (int i = 0; i < n; i++)
+    if (v == set[i]) return 1;
+  return 0;
+}
+
+/* The fields the plan computes with; the full rules run when the kernel is
+ * generated (moejit_spec_validate). */
+static moejit_status check_spec(const moejit_spec *spec, int which, const char *op) {
+  static const int tm[] = {16, 32, 64, 128, 256}, tn[] = {32, 64, 128, 256}, tk[] = {32, 64, 128};
+  static const int warps[] = {4, 8, 12};
+  const moejit_gemm_cfg *g = which == 1 ? &spec->gemm1 : &spec->gemm2;
+  if (!one_of(g->tile_m, tm, 5) || !one_of(g->tile_n, tn, 4) || !one_of(g->tile_k, tk, 3) ||
+      !one_of(g->warps, warps, 3) || g->stages < 2 || g->stages > 8)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: spec kernels.gemm%d (tile %dx%dx%d, %d stages, %d warps) is out of range; "
+                   "HINT: moejit_spec_validate says which field",
+                   op, which, g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps);
+  if (spec->hidden < 1 || spec->hidden > INT32_MAX || spec->expert_width < 1 ||
+      spec->expert_width > INT32_MAX || spec->experts < 1)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: spec shape d=%lld f=%lld E=%d is out of range; HINT: moejit_spec_validate "
+                   "says which field",
+                   op, (long long)spec->hidden, (long long)spec->expert_width, (int)spec->experts);
+  if (moejit_dtype_size(spec->act_dtype) == 0 || moejit_dtype_size(spec->weight_dtype) == 0)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: spec dtypes are out of range", op);
+  return MOEJIT_OK;
+}
+
+static moejit_status choose_path(const moejit_spec *spec, int which, moejit_gemm_path path,
+                                 const char *op, int *use_mma) {
+  const char *blocker = mj_gemm_mma_blocker(spec, which);
+  const moejit_gemm_cfg *g = which == 1 ? &spec->gemm1 : &spec->gemm2;
+  *use_mma = 0;
+  if (path == MOEJIT_GEMM_PATH_SIMT) return MOEJIT_OK;
+  if (path != MOEJIT_GEMM_PATH_AUTO && path != MOEJIT_GEMM_PATH_MMA)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: path %d is not a moejit_gemm_path", op,
+                   (int)path);
+  /* AUTO falls back to SIMT only where the dtypes or shape leave no choice:
+   * a 12-warp tile on bf16 would silently run ~100x slower. */
+  if (!blocker) return *use_mma = 1, MOEJIT_OK;
+  if (path == MOEJIT_GEMM_PATH_AUTO && g->warps != 12) return MOEJIT_OK;
+  return mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                 "%s: the tensor-core kernel cannot run this spec: %s; HINT: set "
+                 "kernels.gemm%d.warps to 4 or 8, or ask for MOEJIT_GEMM_PATH_SIMT",
+                 op, blocker, which);
+}
+
+static void fill_mma_plan(const moejit_spec *spec, const moejit_gemm_cfg *g, int64_t max_rows,
+                          mj_gemm_plan *p) {
+  mj_gemm_warp_layout(g->tile_m, g->tile_n, g->warps, &p->warps_m, &p->warps_n, &p->warps_k);
+  int64_t pipe = (int64_t)g->stages * (g->tile_m + g->tile_n) * g->tile_k * 2;
+  int64_t reduce = (int64_t)(p->warps_k - 1) * g->tile_m * g->tile_n * 4;
+  p->smem_bytes = (unsigned)(pipe > reduce ? pipe : reduce);
+  p->m_slots = (int)(max_rows / g->tile_m + spec->experts);
+}
+
+moejit_status mj_gemm_plan_make(const moejit_spec *spec, int which, moejit_gemm_path path,
+                                int64_t max_rows, mj_gemm_plan *p) {
+  const char *op = which == 1 ? "moejit_gemm1_swiglu" : "moejit_gemm2";
+  moejit_status st = check_spec(spec, which, op);
+  if (st) return st;
+  const moejit_gemm_cfg *g = which == 1 ? &spec->gemm1 : &spec->gemm2;
+  *p = (mj_gemm_plan){0};
+  if ((st = choose_path(spec, which, path, op, &p->use_mma))) return st;
+  p->family = which == 1 ? "gemm1" : "gemm2";
+  p->tile_m = g->tile_m, p->tile_n = g->tile_n;
+  p->n_out = (int)(which == 1 ? spec->expert_width : spec->hidden);
+  p->k = (int)(which == 1 ? spec->hidden : spec->expert_width);
+  p->threads = (unsigned)g->warps * 32u;
+  int out_cols_per_tile = which == 1 ? g->tile_n / 2 : g->tile_n;
+  p->n_tiles = (p->n_out + out_cols_per_tile - 1) / out_cols_per_tile;
+  int64_t blocks;
+  if (p->use_mma) {
+    p->entry = which == 1 ? "moejit_gemm1_swiglu_mma" : "moejit_gemm2_mma";
+    fill_mma_plan(spec, g, max_rows, p);
+    blocks = (int64_t)p->m_slots * p->n_tiles;
+  } else {
+    p->entry = which == 1 ? "moejit_gemm1_swiglu_simt" : "moejit_gemm2_simt";
+    p->warps_m = p->warps_n = p->warps_k = 1;
+    blocks = (max_rows * p->n_out + p->threads - 1) / p->threads;
+    if (blocks > MJ_GEMM_SIMT_MAX_BLOCKS) blocks = MJ_GEMM_SIMT_MAX_BLOCKS;
+  }
+  if (blocks < 1 || blocks > INT32_MAX)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: max_rows %lld needs %lld blocks, more than a grid holds (%d); HINT: split "
+                   "the rows over several calls",
+                   op, (long long)max_rows, (long long)blocks, INT32_MAX);
+  p->grid = (unsigned)blocks;
+  return MOEJIT_OK;
+}

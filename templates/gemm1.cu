@@ -1,0 +1,104 @@
+// GEMM 1 of the MoE layer with SwiGLU fused: for the permuted rows xs of
+// expert e (rows offsets[e] .. offsets[e+1]-1 of A [rows, d]),
+//   h = silu(xs * W1[e, 0:f]^T) * (xs * W1[e, f:2f]^T)      -> h [rows, f]
+// with W1 [E, 2f, d] as checkpoints store it (gate rows, then up rows).
+//
+// Tiling: kTileN counts B rows, half gate and half up: n-tile j computes h
+// columns [j*kTileN/2, (j+1)*kTileN/2). The loader interleaves them by 8 rows
+// (gate 8, up 8, gate 8, ...), so the two n8 mma tiles 2p and 2p+1 of a warp
+// hold gate and up of the same 8 h columns in the same registers of the same
+// thread: SwiGLU happens in registers and h is written once.
+//
+// Entries: moejit_gemm1_swiglu_mma (tensor cores; fp16/bf16 with act = weight
+// dtype and d, f multiples of 8) and moejit_gemm1_swiglu_simt (any dtypes;
+// the reference). Both take (A, W1, h, offsets [E+1] int32, max_rows).
+#include "common/gemm_config.cuh"
+#include "common/gemm_tiles.cuh"
+#include "common/gemm_mainloop.cuh"
+#include "common/gemm_epilogue.cuh"
+#include "common/gemm_simt.cuh"
+
+typedef mj_gemm_shape<kTileM, kTileN, kTileK, kStages, kWarps> Gemm1Shape;
+static constexpr int kG1HalfN = kTileN / 2; // h columns per n-tile
+static constexpr int kG1NTiles = (kExpertWidth + kG1HalfN - 1) / kG1HalfN;
+static constexpr bool kG1Mma = mj_same_type<act_t, weight_t>::value && mj_is_mma_type<act_t>::value &&
+                               (kWarps == 4 || kWarps == 8) && kHidden % 8 == 0 && kExpertWidth % 8 == 0;
+
+static_assert(kBlockThreads == kWarps * 32, "gemm1: kBlockThreads must be kWarps * 32");
+static_assert(2LL * kExpertWidth * kHidden < (1LL << 31), "gemm1: one expert's W1 must fit int32 offsets");
+static_assert((long long)kTileM * kHidden < (1LL << 31), "gemm1: an A tile must fit int32 offsets");
+
+// Tile row r of B -> element offset of its W1 row inside the expert's W1
+// (-1 past column f). Rows come in blocks of 8: even blocks gate, odd up.
+struct mj_gemm1_b_rows {
+  int h_col0;
+  __device__ int operator()(int r) const {
+    const int blk = r / 8;
+    const int col = h_col0 + (blk / 2) * 8 + r % 8;
+    if (col >= kExpertWidth) return -1;
+    return ((blk & 1) ? kExpertWidth + col : col) * kHidden;
+  }
+};
+
+template <typename AT, typename WT>
+__device__ __forceinline__ void mj_gemm1_mma(const AT *__restrict__ a, const WT *__restrict__ w,
+                                             AT *__restrict__ h, const int *__restrict__ offsets,
+                                             int max_rows) {
+  if constexpr (!kG1Mma) {
+    __trap(); // the host launches the simt entry for these dtypes/shapes
+  } else {
+    typedef Gemm1Shape S;
+    mj_gemm_check_smem<S>();
+    mj_gemm_tile t;
+    if (!mj_gemm_find_tile<kTileM, kBlockThreads, kExperts, kRaster>(offsets, max_rows, kG1NTiles, &t))
+      return;
+    const int h_col0 = t.n_tile * kG1HalfN;
+    mj_tile_loader<S, kTileM, kHidden> la;
+    la.init(mj_a_rows<kHidden>{t.row_end - t.row0});
+    mj_tile_loader<S, kTileN, kHidden> lb;
+    lb.init(mj_gemm1_b_rows{h_col0});
+    const mj_warp_pos p = mj_gemm_warp_pos<S>();
+    float acc[S::kMi][S::kNi][4];
+    mj_gemm_mainloop<S, kHidden>(la, a + (long long)t.row0 * kHidden, lb,
+                                 w + (long long)t.expert * (2LL * kExpertWidth * kHidden),
+                                 mj_smem_u32(mj_gemm_smem), p, acc);
+    if (!mj_gemm_reduce_k<S>(reinterpret_cast<float *>(mj_gemm_smem), p, acc)) return;
+
+    // n8 tiles 2q (gate) and 2q+1 (up) of this warp are h columns
+    // h_col0 + n0/2 + 8q + 0..7 (n0 is a multiple of 16).
+#pragma unroll
+    for (int mi = 0; mi < S::kMi; ++mi) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = t.row0 + p.m0 + mi * 16 + mj_acc_row(p.lane, half);
+        if (row >= t.row_end) continue;
+        AT *out = h + (long long)row * kExpertWidth;
+#pragma unroll
+        for (int q = 0; q < S::kNi / 2; ++q) {
+          const int col = h_col0 + p.n0 / 2 + q * 8 + mj_acc_col(p.lane);
+          if (col >= kExpertWidth) continue;
+          const float *g = &acc[mi][2 * q][2 * half], *u = &acc[mi][2 * q + 1][2 * half];
+          mj_store2(out + col, mj_silu(g[0]) * u[0], mj_silu(g[1]) * u[1]);
+        }
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+moejit_gemm1_swiglu_mma(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
+                        const int *__restrict__ offsets, int max_rows) {
+  mj_gemm1_mma(a, w, h, offsets, max_rows);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
+                         const int *__restrict__ offsets, int max_rows) {
+  mj_gemm_simt_for_each<kExperts, kExpertWidth>(offsets, max_rows, [&](int row, int e, int col) {
+    const act_t *x = a + (long long)row * kHidden;
+    const weight_t *gate_w = w + ((long long)e * 2 * kExpertWidth + col) * kHidden;
+    const weight_t *up_w = gate_w + (long long)kExpertWidth * kHidden;
+    const float gate = mj_gemm_dot<kHidden>(x, gate_w), up = mj_gemm_dot<kHidden>(x, up_w);
+    mj_store1(h + (long long)row * kExpertWidth + col, mj_silu(gate) * up);
+  });
+}

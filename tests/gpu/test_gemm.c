@@ -1,0 +1,374 @@
+/* GPU tests of the grouped GEMMs (moejit/gemm.h) against the float64 CPU
+ * reference: fresh random data, outputs poisoned with NaN bytes before each
+ * run, uneven routing (empty experts, one hot expert, single rows, counts
+ * that are not tile multiples), the presets' shapes with few experts, every
+ * tile config the presets ship plus a spread of others (all 48 of the
+ * supported grid with MOEJIT_GEMM_TEST_ALL_TILES=1), bitwise-identical
+ * reruns, and argument checks. Skips without a GPU. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moejit/gemm.h"
+#include "moejit/moejit.h"
+#include "ops/gemm.h"
+#include "ref_dtype.h"
+#include "ref_gemm.h"
+#include "test_support.h"
+
+#define POISON_WORD 0xffffffffu /* NaN in fp32, bf16 and fp16 alike */
+
+static moejit_ctx *ctx_or_skip(void) {
+  char why[512];
+  if (!ts_gpu_available(why, sizeof why)) cr_skip_test("no GPU: %s", why);
+  moejit_ctx *ctx = NULL;
+  moejit_status st = moejit_ctx_create(&ctx, NULL);
+  cr_assert_eq(st, MOEJIT_OK, "moejit_ctx_create: %s", moejit_last_error());
+  return ctx;
+}
+
+/* A spec of the given shape on the qwen3 preset (softmax routing accepts
+ * any expert count); both GEMMs tiled by `g`. */
+static moejit_spec make_spec(int64_t d, int64_t f, int experts, moejit_dtype dtype,
+                             moejit_gemm_cfg g) {
+  moejit_spec s;
+  cr_assert_eq(moejit_spec_load_preset("qwen3-30b-a3b", &s), MOEJIT_OK, "%s", moejit_last_error());
+  s.hidden = d, s.expert_width = f, s.experts = experts;
+  s.top_k = experts < 2 ? 1 : 2;
+  s.act_dtype = s.weight_dtype = s.out_dtype = dtype;
+  s.gemm1 = s.gemm2 = g;
+  cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+  return s;
+}
+
+static moejit_gemm_cfg cfg(int tm, int tn, int tk, int stages, int warps, int raster) {
+  return (moejit_gemm_cfg){tm, tn, tk, stages, warps, 1, 1, (moejit_raster)raster};
+}
+
+/* Uniform in [-scale, scale), stored as dtype. */
+static void fill_random(ts_rng *r, moejit_dtype dt, void *dst, size_t n, double scale) {
+  for (size_t i = 0; i < n; i++) {
+    float v = (float)((double)(ts_next(r) >> 11) * 0x1p-53 * 2 * scale - scale);
+    if (dt == MOEJIT_DTYPE_FP32) ((float *)dst)[i] = v;
+    else if (dt == MOEJIT_DTYPE_BF16) ((uint16_t *)dst)[i] = ref_f32_to_bf16(v);
+    else ((uint16_t *)dst)[i] = ref_f32_to_f16(v);
+  }
+}
+
+static void *dev_upload(moejit_ctx *ctx, const void *src, size_t bytes) {
+  void *d = NULL;
+  cr_assert_eq(moejit_mem_alloc(ctx, bytes, NULL, &d), MOEJIT_OK, "%s", moejit_last_error());
+  if (src)
+    cr_assert_eq(moejit_memcpy_htod(ctx, d, src, bytes, NULL), MOEJIT_OK, "%s", moejit_last_error());
+  return d;
+}
+
+/* One GEMM problem on the device, its reference and two poisoned runs. */
+typedef struct gemm_case {
+  moejit_ctx *ctx;
+  const moejit_spec *spec;
+  int which;               /* 1 or 2 */
+  moejit_gemm_path path;
+  const int32_t *counts;   /* rows per expert */
+  int64_t extra_rows;      /* max_rows - offsets[E]: rows that must stay poisoned */
+  int with_scale;          /* gemm2 */
+  double tolerance;
+} gemm_case;
+
+typedef struct gemm_io {
+  int64_t rows, max_rows, k, n_out;
+  size_t esz;
+  int32_t *offsets;
+  void *a, *w, *out1, *out2;
+  float *scale;
+  double *ref;
+} gemm_io;
+
+static void io_prepare(const gemm_case *c, ts_rng *r, gemm_io *io) {
+  const moejit_spec *s = c->spec;
+  int e_n = s->experts;
+  io->k = c->which == 1 ? s->hidden : s->expert_width;
+  io->n_out = c->which == 1 ? s->expert_width : s->hidden;
+  int64_t w_rows = c->which == 1 ? 2 * s->expert_width : s->hidden;
+  io->esz = moejit_dtype_size(s->act_dtype);
+  io->offsets = calloc((size_t)e_n + 1, sizeof(int32_t));
+  cr_assert_not_null(io->offsets);
+  for (int e = 0; e < e_n; e++) io->offsets[e + 1] = io->offsets[e] + c->counts[e];
+  io->rows = io->offsets[e_n];
+  io->max_rows = io->rows + c->extra_rows;
+  size_t a_n = (size_t)(io->max_rows * io->k), w_n = (size_t)(e_n * w_rows * io->k);
+  size_t out_n = (size_t)(io->max_rows * io->n_out);
+  io->a = malloc(a_n * io->esz + 16);
+  io->w = malloc(w_n * moejit_dtype_size(s->weight_dtype) + 16);
+  io->out1 = malloc(out_n * io->esz + 16);
+  io->out2 = malloc(out_n * io->esz + 16);
+  io->scale = malloc(sizeof(float) * (size_t)(io->max_rows + 1));
+  io->ref = malloc(sizeof(double) * (out_n + 1));
+  cr_assert(io->a && io->w && io->out1 && io->out2 && io->scale && io->ref, "host out of memory");
+  fill_random(r, s->act_dtype, io->a, a_n, 1.0);
+  /* gate/up/down sums come out O(1): var(a*w) * K = (1/3)(s^2/3) K = 1 */
+  fill_random(r, s->weight_dtype, io->w, w_n, 3.0 / sqrt((double)io->k));
+  for (int64_t i = 0; i < io->max_rows; i++) io->scale[i] = (float)ts_uniform(r, -2.0, 2.0);
+  ref_gemm_problem p = {s->act_dtype, s->weight_dtype, io->a, io->w, io->offsets,
+                        c->with_scale ? io->scale : NULL, e_n, s->hidden, s->expert_width};
+  if (c->which == 1) ref_gemm1_swiglu(&p, io->ref);
+  else ref_gemm2(&p, io->ref);
+}
+
+static void io_free(gemm_io *io) {
+  free(io->offsets), free(io->a), free(io->w), free(io->out1), free(io->out2);
+  free(io->scale), free(io->ref);
+}
+
+static moejit_status launch(const gemm_case *c, const moejit_gemm_args *args) {
+  return c->which == 1 ? moejit_gemm1_swiglu(c->ctx, c->spec, args, NULL)
+                       : moejit_gemm2(c->ctx, c->spec, args, NULL);
+}
+
+/* Poisons the output, runs, copies it back to host `dst`. */
+static void run_once(const gemm_case *c, const gemm_io *io, moejit_gemm_args *args, void *dst) {
+  size_t out_bytes = (size_t)(io->max_rows * io->n_out) * io->esz;
+  cr_assert_eq(moejit_memset_d32(c->ctx, args->out, POISON_WORD, (out_bytes + 3) / 4, NULL),
+               MOEJIT_OK, "%s", moejit_last_error());
+  moejit_status st = launch(c, args);
+  cr_assert_eq(st, MOEJIT_OK, "gemm%d launch: %s", c->which, moejit_last_error());
+  cr_assert_eq(moejit_memcpy_dtoh(c->ctx, dst, args->out, out_bytes, NULL), MOEJIT_OK, "%s",
+               moejit_last_error());
+  cr_assert_eq(moejit_ctx_synchronize(c->ctx), MOEJIT_OK, "gemm%d kernel: %s", c->which,
+               moejit_last_error());
+}
+
+static int all_poison(const void *p, size_t bytes) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < bytes; i++)
+    if (b[i] != 0xff) return 0;
+  return 1;
+}
+
+/* Runs one case; returns the relative error of the first run. */
+static double run_case(const gemm_case *c) {
+  ts_rng r = ts_rng_fresh("test_gemm");
+  gemm_io io;
+  io_prepare(c, &r, &io);
+  const moejit_spec *s = c->spec;
+  int64_t w_rows = c->which == 1 ? 2 * s->expert_width : s->hidden;
+  size_t out_bytes = (size_t)(io.max_rows * io.n_out) * io.esz;
+  /* +16 bytes so even max_rows 0 allocates */
+  moejit_gemm_args args = {
+      .a = dev_upload(c->ctx, io.a, (size_t)(io.max_rows * io.k) * io.esz + 16),
+      .w = dev_upload(c->ctx, io.w,
+                      (size_t)(s->experts * w_rows * io.k) * moejit_dtype_size(s->weight_dtype)),
+      .out = dev_upload(c->ctx, NULL, out_bytes + 16),
+      .expert_offsets = dev_upload(c->ctx, io.offsets, sizeof(int32_t) * ((size_t)s->experts + 1)),
+      .row_scale = c->with_scale ? dev_upload(c->ctx, io.scale, sizeof(float) * (size_t)(io.max_rows + 1)) : NULL,
+      .max_rows = io.max_rows,
+      .path = c->path};
+  run_once(c, &io, &args, io.out1);
+  run_once(c, &io, &args, io.out2);
+  size_t valid_bytes = (size_t)(io.rows * io.n_out) * io.esz;
+  double err = ref_gemm_rel_error(s->act_dtype, io.out1, io.ref, (size_t)(io.rows * io.n_out));
+  cr_expect(all_poison((char *)io.out1 + valid_bytes, out_bytes - valid_bytes),
+            "gemm%d wrote rows past offsets[E] = %lld", c->which, (long long)io.rows);
+  cr_expect(memcmp(io.out1, io.out2, out_bytes) == 0, "gemm%d: two runs differ bitwise", c->which);
+  cr_expect(err <= c->tolerance, "gemm%d %s: rel error %.3g > %.3g (tile %dx%dx%d, %d stages, %d warps)",
+            c->which, moejit_dtype_name(s->act_dtype), err, c->tolerance,
+            (c->which == 1 ? s->gemm1 : s->gemm2).tile_m, (c->which == 1 ? s->gemm1 : s->gemm2).tile_n,
+            (c->which == 1 ? s->gemm1 : s->gemm2).tile_k, (c->which == 1 ? s->gemm1 : s->gemm2).stages,
+            (c->which == 1 ? s->gemm1 : s->gemm2).warps);
+  void *bufs[] = {(void *)args.a, (void *)args.w, args.out, (void *)args.expert_offsets,
+                  (void *)args.row_scale};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) moejit_mem_free(c->ctx, bufs[i], NULL);
+  io_free(&io);
+  return err;
+}
+
+static double tol_of(moejit_dtype dt) {
+  return dt == MOEJIT_DTYPE_FP32 ? 1e-5 : dt == MOEJIT_DTYPE_FP16 ? 5e-3 : 1e-2;
+}
+
+/* Both GEMMs (gemm2 with and without scale) of one spec and routing. */
+static void run_both(moejit_ctx *ctx, const moejit_spec *s, const int32_t *counts, int64_t extra,
+                     moejit_gemm_path path) {
+  double tol = tol_of(s->act_dtype);
+  gemm_case c1 = {ctx, s, 1, path, counts, extra, 0, tol};
+  gemm_case c2 = {ctx, s, 2, path, counts, extra, 1, tol};
+  gemm_case c3 = {ctx, s, 2, path, counts, extra, 0, tol};
+  run_case(&c1);
+  run_case(&c2);
+  run_case(&c3);
+}
+
+/* d = 264, f = 200: every tile has N and K tails (264 = 4*64 + 8, 200 =
+ * 128 + 72 = 3*64 + 8); counts: a 70-row expert (tile tails for every
+ * tile_m), an empty one, a single row. */
+static const int32_t small_counts[5] = {37, 0, 1, 70, 16};
+
+static const moejit_gemm_cfg *shipped_tiles(size_t *n) {
+  static moejit_gemm_cfg tiles[] = {
+      /* the presets' configs (configs/models/) */
+      {128, 256, 64, 4, 8, 1, 1, 0}, {128, 128, 64, 4, 8, 1, 1, 0},
+      {64, 256, 64, 4, 8, 1, 1, 0},  {64, 128, 64, 4, 8, 1, 1, 0},
+      /* decode and in-between shapes, 4 warps, k-split warps, raster along N */
+      {16, 256, 128, 3, 8, 1, 1, 0}, {16, 64, 64, 4, 8, 1, 1, 1},  {16, 64, 32, 2, 4, 1, 1, 0},
+      {32, 256, 64, 3, 8, 1, 1, 1},  {32, 128, 32, 3, 4, 1, 1, 0}, {128, 64, 32, 2, 4, 1, 1, 1},
+      {256, 128, 64, 3, 8, 1, 1, 0}, {64, 32, 64, 5, 4, 1, 1, 0}};
+  *n = sizeof tiles / sizeof tiles[0];
+  return tiles;
+}
+
+Test(gemm, tile_configs_on_ragged_shape_bf16) {
+  moejit_ctx *ctx = ctx_or_skip();
+  size_t n;
+  const moejit_gemm_cfg *tiles = shipped_tiles(&n);
+  for (size_t i = 0; i < n; i++) {
+    moejit_spec s = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, tiles[i]);
+    run_both(ctx, &s, small_counts, 11, MOEJIT_GEMM_PATH_MMA);
+  }
+  moejit_ctx_destroy(ctx);
+}
+
+Test(gemm, all_tile_configs, .timeout = 1800) {
+  moejit_ctx *ctx = ctx_or_skip();
+  const char *all = getenv("MOEJIT_GEMM_TEST_ALL_TILES");
+  if (!all || strcmp(all, "1") != 0)
+    cr_skip_test("set MOEJIT_GEMM_TEST_ALL_TILES=1 to sweep all 48 tile configs");
+  static const int tm[] = {16, 32, 64, 128}, tn[] = {64, 128, 256}, tk[] = {32, 64}, w[] = {4, 8};
+  for (int a = 0; a < 4; a++)
+    for (int b = 0; b < 3; b++)
+      for (int k = 0; k < 2; k++)
+        for (int v = 0; v < 2; v++) {
+          if (tm[a] * tn[b] / (w[v] * 32) > 128) continue; /* the validator's register cap */
+          moejit_spec s = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(tm[a], tn[b], tk[k], 3, w[v], (a + b) & 1));
+          run_both(ctx, &s, small_counts, 5, MOEJIT_GEMM_PATH_MMA);
+        }
+  moejit_ctx_destroy(ctx);
+}
+
+Test(gemm, fp16_and_simt_paths) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_spec s = make_spec(264, 200, 5, MOEJIT_DTYPE_FP16, cfg(64, 128, 64, 3, 8, 0));
+  run_both(ctx, &s, small_counts, 3, MOEJIT_GEMM_PATH_AUTO);
+  moejit_spec b = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(32, 128, 64, 3, 4, 0));
+  run_both(ctx, &b, small_counts, 3, MOEJIT_GEMM_PATH_SIMT);
+  moejit_spec f = make_spec(264, 200, 5, MOEJIT_DTYPE_FP32, cfg(32, 64, 32, 2, 4, 0));
+  run_both(ctx, &f, small_counts, 3, MOEJIT_GEMM_PATH_AUTO); /* fp32 -> SIMT */
+  moejit_ctx_destroy(ctx);
+}
+
+Test(gemm, routing_edge_cases) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_spec s = make_spec(264, 200, 8, MOEJIT_DTYPE_BF16, cfg(64, 128, 64, 3, 8, 0));
+  const int32_t one_hot[8] = {0, 0, 0, 0, 0, 301, 0, 0}; /* one expert, 4.7 tiles */
+  const int32_t single[8] = {0, 0, 0, 1, 0, 0, 0, 0};   /* T = 1, k = 1 */
+  const int32_t ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};     /* each expert one row */
+  const int32_t first_last[8] = {64, 0, 0, 0, 0, 0, 0, 65}; /* exact tile, tile + 1 */
+  const int32_t none[8] = {0};                              /* no rows at all */
+  run_both(ctx, &s, one_hot, 0, MOEJIT_GEMM_PATH_AUTO);
+  run_both(ctx, &s, single, 7, MOEJIT_GEMM_PATH_AUTO);
+  run_both(ctx, &s, ones, 0, MOEJIT_GEMM_PATH_AUTO);
+  run_both(ctx, &s, first_last, 2, MOEJIT_GEMM_PATH_AUTO);
+  run_both(ctx, &s, none, 9, MOEJIT_GEMM_PATH_AUTO);
+  moejit_ctx_destroy(ctx);
+}
+
+/* The presets' d and f with few experts (the reference costs M*N*K). */
+Test(gemm, preset_shapes_qwen3) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_spec s;
+  cr_assert_eq(moejit_spec_load_preset("qwen3-30b-a3b", &s), MOEJIT_OK);
+  moejit_spec q = make_spec(s.hidden, s.expert_width, 16, MOEJIT_DTYPE_BF16, s.gemm1);
+  q.gemm2 = s.gemm2;
+  const int32_t counts[16] = {1, 0, 150, 3, 0, 0, 17, 1, 0, 0, 0, 9, 0, 0, 0, 64};
+  run_both(ctx, &q, counts, 5, MOEJIT_GEMM_PATH_AUTO);
+  /* decode: T = 1, k = 8 of 128 experts, with a 16-row k-split tile */
+  moejit_spec d = make_spec(s.hidden, s.expert_width, 128, MOEJIT_DTYPE_BF16, cfg(16, 64, 64, 4, 8, 0));
+  int32_t dec[128] = {0};
+  for (int i = 0; i < 8; i++) dec[(i * 37 + 5) % 128] = 1;
+  run_both(ctx, &d, dec, 0, MOEJIT_GEMM_PATH_AUTO);
+  moejit_ctx_destroy(ctx);
+}
+
+Test(gemm, preset_shapes_mixtral_deepseek, .timeout = 1200) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_spec m, ds;
+  cr_assert_eq(moejit_spec_load_preset("mixtral-8x7b", &m), MOEJIT_OK);
+  cr_assert_eq(moejit_spec_load_preset("deepseek-v3", &ds), MOEJIT_OK);
+  moejit_spec mx = make_spec(m.hidden, m.expert_width, 2, MOEJIT_DTYPE_BF16, m.gemm1);
+  mx.gemm2 = m.gemm2;
+  const int32_t mc[2] = {3, 2};
+  run_both(ctx, &mx, mc, 1, MOEJIT_GEMM_PATH_AUTO);
+  moejit_spec dv = make_spec(ds.hidden, ds.expert_width, 4, MOEJIT_DTYPE_BF16, ds.gemm1);
+  dv.gemm2 = ds.gemm2;
+  const int32_t dc[4] = {0, 20, 1, 9};
+  run_both(ctx, &dv, dc, 0, MOEJIT_GEMM_PATH_AUTO);
+  moejit_ctx_destroy(ctx);
+}
+
+Test(gemm, argument_checks) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_spec s = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(64, 128, 64, 3, 8, 0));
+  void *buf = dev_upload(ctx, NULL, 1 << 20);
+  int32_t off[6] = {0, 1, 2, 3, 4, 5};
+  void *doff = dev_upload(ctx, off, sizeof off);
+  moejit_gemm_args ok = {buf, buf, buf, doff, NULL, 5, MOEJIT_GEMM_PATH_AUTO}, a;
+  cr_assert_eq(moejit_gemm1_swiglu(NULL, &s, &ok, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, NULL, &ok, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(moejit_gemm2(ctx, &s, NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = ok, a.a = NULL;
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "args->a"), "%s", moejit_last_error());
+  a = ok, a.out = (char *)buf + 2;
+  cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "16-byte"), "%s", moejit_last_error());
+  a = ok, a.expert_offsets = (const int32_t *)((char *)doff + 2);
+  cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = ok, a.row_scale = (const float *)((char *)buf + 1);
+  cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = ok, a.max_rows = -1;
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = ok, a.max_rows = (int64_t)INT32_MAX + 1;
+  cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = ok, a.path = (moejit_gemm_path)7;
+  cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = ok, a.max_rows = 0; /* no rows: nothing launched, OK */
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_OK, "%s", moejit_last_error());
+  moejit_spec f = make_spec(264, 200, 5, MOEJIT_DTYPE_FP32, cfg(32, 64, 32, 2, 4, 0));
+  a = ok, a.path = MOEJIT_GEMM_PATH_MMA;
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &f, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
+  moejit_spec w12 = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(64, 128, 64, 3, 12, 0));
+  cr_assert_eq(moejit_gemm2(ctx, &w12, &ok, NULL), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "warps"), "%s", moejit_last_error());
+  cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
+  moejit_mem_free(ctx, buf, NULL);
+  moejit_mem_free(ctx, doff, NULL);
+  moejit_ctx_destroy(ctx);
+}
+
+/* The host plan mirrors the template's shape rules (no GPU needed). */
+Test(gemm, plan_matches_template_rules) {
+  moejit_spec s = make_spec(2048, 768, 128, MOEJIT_DTYPE_BF16, cfg(64, 256, 64, 4, 8, 0));
+  mj_gemm_plan p;
+  cr_assert_eq(mj_gemm_plan_make(&s, 1, MOEJIT_GEMM_PATH_AUTO, 1000, &p), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert(p.use_mma);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_mma");
+  cr_assert_eq(p.n_tiles, 6);             /* 768 h columns / 128 per tile */
+  cr_assert_eq(p.m_slots, 1000 / 64 + 128);
+  cr_assert_eq(p.grid, (unsigned)(p.m_slots * 6));
+  cr_assert_eq(p.warps_m * p.warps_n, 8);
+  cr_assert_eq(p.warps_k, 1);
+  cr_assert_eq(64 / p.warps_m + 256 / p.warps_n, 96); /* squarest: 64x32 (ties: fewer m-warps) */
+  cr_assert_eq(p.warps_m, 1);
+  cr_assert_eq(p.smem_bytes, 4u * (64 + 256) * 64 * 2);
+  s.gemm2 = cfg(16, 64, 64, 4, 8, 0); /* 4 16x16 pieces for 8 warps: k-split 2 */
+  cr_assert_eq(mj_gemm_plan_make(&s, 2, MOEJIT_GEMM_PATH_AUTO, 8, &p), MOEJIT_OK);
+  cr_assert_eq(p.warps_k, 2);
+  cr_assert_eq(p.n_tiles, 2048 / 64);
+  cr_assert_eq(p.smem_bytes, 4u * (16 + 64) * 64 * 2);
+  moejit_spec f = make_spec(264, 200, 5, MOEJIT_DTYPE_FP32, cfg(32, 64, 32, 2, 4, 0));
+  cr_assert_eq(mj_gemm_plan_make(&f, 1, MOEJIT_GEMM_PATH_AUTO, 100, &p), MOEJIT_OK);
+  cr_assert(!p.use_mma);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_simt");
+  cr_assert_eq(mj_gemm_plan_make(&f, 1, MOEJIT_GEMM_PATH_MMA, 100, &p), MOEJIT_ERR_UNSUPPORTED);
+}
