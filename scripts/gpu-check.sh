@@ -1,48 +1,81 @@
 #!/bin/bash
 # One call on a machine with an NVIDIA GPU: build, run every test (GPU tests
 # included), compute-sanitizer over the GPU tests, benchmarks, and a SASS
-# check. Logs go to $OUT (default: out/); a short summary prints last.
-#   scripts/gpu-check.sh [quick]     quick: skip sanitizers and benchmarks
+# check. Full logs are packed into $OUT/logs.tgz (default OUT: out/); a short
+# summary prints last.
+#   scripts/gpu-check.sh [STEP...]   steps: test sanitize bench sass (default: all)
+#   GPU_CHECK_TESTS="route align"    limit ctest to these test names (regex parts)
+#   GPU_CHECK_BENCH="ops gemm"       which bench/moejit_bench_* programs to run
 set -uo pipefail
 OUT=${OUT:-out}
-mkdir -p "$OUT"
+LOGS=${GPU_CHECK_LOGS:-/tmp/gpu-check-logs}
+mkdir -p "$OUT" "$LOGS"
 [[ -f .gpu/env.sh ]] && source .gpu/env.sh
 export PATH="/usr/local/cuda/bin:$PATH"
 B=build-gpu
+steps=("$@")
+[[ ${#steps[@]} -eq 0 ]] && steps=(test sanitize bench sass)
+want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 summary=()
 note() { summary+=("$*"); echo "== $*"; }
+finish() {
+  tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+  echo
+  echo "================ summary ================"
+  printf '%s\n' "${summary[@]}"
+  for f in "$LOGS"/moejit_bench_*.txt; do [[ -f $f ]] && { echo "--- $(basename "$f")"; tail -40 "$f"; }; done
+}
+trap finish EXIT
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
-if ! cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 ||
-   ! cmake --build $B -j 16 >"$OUT/build.log" 2>&1; then
-  tail -60 "$OUT/configure.log" "$OUT/build.log"
-  echo "BUILD FAILED"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$LOGS/gpu.txt"
+if ! cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOGS/configure.log" 2>&1 ||
+   ! cmake --build $B -j 16 >"$LOGS/build.log" 2>&1; then
+  tail -60 "$LOGS/configure.log" "$LOGS/build.log"
+  note "BUILD FAILED"
   exit 1
 fi
 note "build ok"
-
 export MOEJIT_CACHE_DIR=$PWD/$B/gpu-cache
-ctest --test-dir $B --output-on-failure -j 4 >"$OUT/ctest.log" 2>&1
-note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-grep -E '^\s*[0-9]+/[0-9]+ Test.*(Failed|\*\*\*)' "$OUT/ctest.log" | head -20
 
-if [[ "${1:-}" != quick ]]; then
-  for t in $B/tests/test_runtime $B/tests/test_route $B/tests/test_align $B/tests/test_combine; do
-    [[ -x $t ]] || continue
+if want test; then
+  filter=()
+  [[ -n ${GPU_CHECK_TESTS:-} ]] && filter=(-R "$(echo "$GPU_CHECK_TESTS" | tr ' ' '|')")
+  ctest --test-dir $B --output-on-failure -j 4 "${filter[@]}" >"$LOGS/ctest.log" 2>&1
+  note "ctest: $(grep -E 'tests passed|tests failed' "$LOGS/ctest.log" | tail -1)"
+  grep -E 'Failed|\*\*\*|Assertion|err [0-9]' "$LOGS/ctest.log" | head -30
+fi
+
+if want sanitize; then
+  for t in ${GPU_CHECK_SANITIZE:-test_runtime test_route test_align test_combine test_gemm test_layer}; do
+    [[ -x $B/tests/$t ]] || continue
     for tool in memcheck racecheck; do
-      log="$OUT/sanitize-$(basename "$t")-$tool.log"
-      compute-sanitizer --tool $tool --report-api-errors no --target-processes all --error-exitcode 9 "$t" --jobs=1 >"$log" 2>&1
+      log="$LOGS/sanitize-$t-$tool.log"
+      compute-sanitizer --tool $tool --report-api-errors no --target-processes all --error-exitcode 9 \
+        "$B/tests/$t" --jobs=1 >"$log" 2>&1
       rc=$?
-      note "compute-sanitizer $tool $(basename "$t"): rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | sort | uniq -c | tr -s ' ' | head -3 | tr '\n' ' ')"
+      note "compute-sanitizer $tool $t: rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | sort | uniq -c | tr -s ' ' | head -3 | tr '\n' ' ')"
     done
   done
-  for b in $B/bench/moejit_bench_ops; do
-    [[ -x $b ]] && { "$b" >"$OUT/$(basename "$b").txt" 2>&1; note "$(basename "$b") rc=$?"; }
-  done
-  cub=$(ls "$MOEJIT_CACHE_DIR"/*/*.mjc 2>/dev/null | head -1)
 fi
-$B/moejit info >"$OUT/info.txt" 2>&1; note "moejit info rc=$?"
-echo
-echo "================ summary ================"
-printf '%s\n' "${summary[@]}"
-for f in "$OUT"/moejit_bench_*.txt; do [[ -f $f ]] && tail -30 "$f"; done
+
+if want bench; then
+  for name in ${GPU_CHECK_BENCH:-ops gemm}; do
+    b=$B/bench/moejit_bench_$name
+    [[ -x $b ]] || continue
+    "$b" ${GPU_CHECK_BENCH_ARGS:-} >"$LOGS/moejit_bench_$name.txt" 2>&1
+    note "moejit_bench_$name rc=$?"
+  done
+fi
+
+if want sass; then
+  for fam in gemm1 gemm2; do
+    n=$(grep -l "$fam" "$MOEJIT_CACHE_DIR"/*/*.mjc 2>/dev/null | head -1)
+    [[ -n $n ]] || continue
+    # the cubin follows the 88-byte entry header and metadata; cuobjdump finds the ELF itself
+    cuobjdump --dump-sass "$n" >"$LOGS/sass-$fam.txt" 2>&1 ||
+      { tail -c +1 "$n" | python3 -c 'import sys;d=sys.stdin.buffer.read();i=d.find(b"\x7fELF");open("/tmp/k.cubin","wb").write(d[i:])' &&
+        cuobjdump --dump-sass /tmp/k.cubin >"$LOGS/sass-$fam.txt" 2>&1; }
+    note "sass $fam: HGMMA=$(grep -c HGMMA "$LOGS/sass-$fam.txt") HMMA=$(grep -c HMMA "$LOGS/sass-$fam.txt")"
+  done
+fi
+$B/moejit info >"$LOGS/info.txt" 2>&1; note "moejit info rc=$?"

@@ -27,5 +27,7 @@ endif()
 separate_arguments(flags UNIX_COMMAND "${flags}")
 run_step(cc ${SOURCE_DIR}/tests/consumer/main.c ${flags} -o ${cbuild}/consumer-pc)
 file(GLOB libdirs ${prefix}/lib*)
-set(ENV{LD_LIBRARY_PATH} "${libdirs}")
+# keep the caller's path too: libmoejit's own dependencies (libyaml) may live there
+string(REPLACE ";" ":" libdirs "${libdirs}")
+set(ENV{LD_LIBRARY_PATH} "${libdirs}:$ENV{LD_LIBRARY_PATH}")
 run_step(${cbuild}/consumer-pc)
