@@ -6,7 +6,8 @@
 // (kSlots values per lane, loaded with 16-byte vectors). Each of the k rounds
 // of argmax is three warp instructions (redux.sync on an order-preserving
 // integer key, a ballot to find the lowest lane holding the max, one shuffle
-// for the expert id) plus a rescan of the winner's own registers. Nothing
+// for the expert id); the winner promotes its cached second-best slot and
+// rescans its own registers only when it wins a second time in a row. Nothing
 // touches shared memory; logits are read once; outputs are written by lanes
 // 0..k-1 in one coalesced store each.
 #include "common/dtype.cuh"
@@ -65,33 +66,53 @@ __device__ __forceinline__ void load_slots(const T *__restrict__ row, lane_exper
   for (int s = 0; s < kSlots; ++s) v[s] = s < le.count ? mj_nan_to_neg_inf(v[s]) : -mj_inf();
 }
 
-// The best remaining slot of this lane (strict > keeps the lowest slot).
-__device__ __forceinline__ void lane_argmax(const int (&key)[kSlots], int &best_key,
-                                            int &best_slot) {
-  best_key = key[0];
-  best_slot = 0;
+// This lane's two best slots not yet picked (bit s of `used` set: slot s was
+// picked). Strict > keeps the lowest slot first among equal keys.
+struct lane_top2 {
+  int key1, slot1, key2, slot2;
+};
+
+__device__ __forceinline__ lane_top2 lane_best_two(const int (&key)[kSlots], unsigned used) {
+  lane_top2 t = {MJ_KEY_NONE, 0, MJ_KEY_NONE, 0};
 #pragma unroll
-  for (int s = 1; s < kSlots; ++s)
-    if (key[s] > best_key) best_key = key[s], best_slot = s;
+  for (int s = 0; s < kSlots; ++s) {
+    const int k = (used >> s) & 1u ? MJ_KEY_NONE : key[s];
+    if (k > t.key1) {
+      t.key2 = t.key1, t.slot2 = t.slot1;
+      t.key1 = k, t.slot1 = s;
+    } else if (k > t.key2) {
+      t.key2 = k, t.slot2 = s;
+    }
+  }
+  return t;
 }
 
 // k rounds of warp argmax over the keys. Lane j (< kTopK) receives the j-th
 // pick: its expert id and key. Ties go to the lowest expert.
-__device__ __forceinline__ void warp_topk(int (&key)[kSlots], int lane, int first_expert,
+// Each lane offers its best remaining key; the winner promotes its cached
+// second best and rescans its slots only when it wins again with no second
+// cached, so most rounds cost a handful of instructions instead of a
+// kSlots-wide rescan.
+__device__ __forceinline__ void warp_topk(const int (&key)[kSlots], int lane, int first_expert,
                                           int &pick_expert, int &pick_key) {
-  int best_key, best_slot;
-  lane_argmax(key, best_key, best_slot);
+  unsigned used = 0;
+  lane_top2 t = lane_best_two(key, used);
+  bool have_second = true;
 #pragma unroll
   for (int j = 0; j < kTopK; ++j) {
-    const int top = __reduce_max_sync(MJ_FULL_MASK, best_key);
-    const int winner = __ffs(__ballot_sync(MJ_FULL_MASK, best_key == top)) - 1;
-    const int expert = __shfl_sync(MJ_FULL_MASK, first_expert + best_slot, winner);
+    const int top = __reduce_max_sync(MJ_FULL_MASK, t.key1);
+    const int winner = __ffs(__ballot_sync(MJ_FULL_MASK, t.key1 == top)) - 1;
+    const int expert = __shfl_sync(MJ_FULL_MASK, first_expert + t.slot1, winner);
     if (lane == j) pick_expert = expert, pick_key = top;
-    if (lane == winner) {
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s)
-        if (s == best_slot) key[s] = MJ_KEY_NONE;
-      lane_argmax(key, best_key, best_slot);
+    if (j + 1 < kTopK && lane == winner) {
+      used |= 1u << t.slot1;
+      if (have_second) {
+        t.key1 = t.key2, t.slot1 = t.slot2;
+        have_second = false;
+      } else {
+        t = lane_best_two(key, used);
+        have_second = true;
+      }
     }
   }
 }
@@ -103,9 +124,15 @@ __device__ __forceinline__ float shifted_exp(float x, float max) {
   return x == max ? 1.0f : expf(x - max);
 }
 
-// NaN logits count as -inf, so their score is 0.
+// NaN logits count as -inf, so their score is 0. The reciprocal is the
+// hardware's (within 1 ulp; 1/inf = 0) rather than IEEE division: scores stay
+// within a few ulp of float64, far inside the weight tolerance, and the
+// route kernel is instruction-bound.
 __device__ __forceinline__ float sigmoid(float x) {
-  return 1.0f / (1.0f + expf(-mj_nan_to_neg_inf(x)));
+  const float d = 1.0f + expf(-mj_nan_to_neg_inf(x));
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return r;
 }
 
 // Pairwise sum of a lane's slots: log2(kSlots) rounding steps instead of
@@ -197,7 +224,7 @@ __device__ __forceinline__ void route_sigmoid(const logits_t *__restrict__ row,
     for (int s = 0; s < kSlots; ++s) b[s] = 0.0f;
   }
 #pragma unroll
-  for (int s = 0; s < kSlots; ++s) b[s] = mj_nan_to_neg_inf(sigmoid(x[s]) + b[s]);
+  for (int s = 0; s < kSlots; ++s) b[s] = sigmoid(x[s]) + b[s];  // NaN-free: both were cleaned
 
   const bool kept = group_kept(b, le, lane);
   int key[kSlots];
