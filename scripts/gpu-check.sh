@@ -50,7 +50,7 @@ if want sanitize; then
     [[ -x $B/tests/$t ]] || continue
     for tool in memcheck racecheck; do
       log="$LOGS/sanitize-$t-$tool.log"
-      compute-sanitizer --tool $tool --report-api-errors no --target-processes all --error-exitcode 9 \
+      timeout "${GPU_CHECK_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --report-api-errors no --target-processes all --error-exitcode 9 \
         "$B/tests/$t" --jobs=1 >"$log" 2>&1
       rc=$?
       note "compute-sanitizer $tool $t: rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | sort | uniq -c | tr -s ' ' | head -3 | tr '\n' ' ')"
