@@ -2,7 +2,8 @@
 # CUDA toolkit, `make run` and `make test` install what is missing (apt-get,
 # when root), configure, build into build/ and run.
 #
-#   make run     build, then compile the embedded default preset's kernels into cache/
+#   make run     build, then run the default preset's whole layer (moejit run; without a GPU it
+#                only compiles the kernels into cache/)
 #   make test    build, then run every test (GPU tests skip without a GPU)
 #   make asan    the CPU tests under AddressSanitizer + UBSan (build-asan/)
 #   make clean   remove build/
@@ -30,7 +31,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build
-	./$(BUILD_DIR)/moejit compile --cache-dir cache
+	./$(BUILD_DIR)/moejit run --cache-dir cache
 	./$(BUILD_DIR)/moejit info
 
 test: build

@@ -335,5 +335,6 @@ MOEJIT_API moejit_status moejit_parse_size(const char *text, uint64_t *bytes);
 #include "moejit/runtime.h"
 #include "moejit/ops.h"
 #include "moejit/gemm.h"
+#include "moejit/layer.h"
 
 #endif /* MOEJIT_MOEJIT_H */

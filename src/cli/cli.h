@@ -35,5 +35,6 @@ int cli_compile(int argc, char **argv);
 int cli_gen(int argc, char **argv);
 int cli_cache(int argc, char **argv);
 int cli_info(int argc, char **argv);
+int cli_run(int argc, char **argv);
 
 #endif

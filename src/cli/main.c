@@ -11,6 +11,7 @@ static void usage(FILE *f) {
           "JIT-specialized CUDA kernels for Mixture-of-Experts layers.\n"
           "\n"
           "commands:\n"
+          "  run [CONFIG | --preset NAME]       load, run, check and time the whole MoE layer\n"
           "  compile [CONFIG | --preset NAME]   generate and compile every kernel (no GPU needed)\n"
           "  gen [CONFIG | --preset NAME] --kernel NAME   print a kernel's generated CUDA source\n"
           "  cache stats|list|verify|prune|clear  inspect and maintain the cubin cache\n"
@@ -44,8 +45,11 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name;
     int (*fn)(int, char **);
-  } commands[] = {
-      {"compile", cli_compile}, {"gen", cli_gen}, {"cache", cli_cache}, {"info", cli_info}};
+  } commands[] = {{"run", cli_run},
+                  {"compile", cli_compile},
+                  {"gen", cli_gen},
+                  {"cache", cli_cache},
+                  {"info", cli_info}};
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "moejit: unknown command '%s'\n\n", cmd);

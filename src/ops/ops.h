@@ -7,6 +7,7 @@
 
 #include "moejit/moejit.h"
 #include "moejit/ops.h"
+#include "moejit/layer.h"
 #include "runtime/runtime.h"
 
 /* Kernel families a model can hold (bit mask). */
@@ -14,7 +15,12 @@ enum {
   MJ_OPS_ROUTE = 1u << 0,
   MJ_OPS_ALIGN = 1u << 1,
   MJ_OPS_COMBINE = 1u << 2,
-  MJ_OPS_ALL = MJ_OPS_ROUTE | MJ_OPS_ALIGN | MJ_OPS_COMBINE
+  /* What moejit_model_load loads (the memory-bound stages). */
+  MJ_OPS_ALL = MJ_OPS_ROUTE | MJ_OPS_ALIGN | MJ_OPS_COMBINE,
+  MJ_OPS_GEMM1 = 1u << 3,
+  MJ_OPS_GEMM2 = 1u << 4,
+  /* A whole layer (moejit_model_load_spec / _config, moejit_moe_forward). */
+  MJ_OPS_LAYER = MJ_OPS_ALL | MJ_OPS_GEMM1 | MJ_OPS_GEMM2
 };
 
 struct moejit_model {
@@ -25,6 +31,7 @@ struct moejit_model {
   CUfunction route_topk;
   CUfunction align_count, align_scan, align_scatter;
   CUfunction combine;
+  moejit_load_report report; /* what the load did (moejit_model_load_report) */
 };
 
 /* moejit_model_load restricted to `families` (tests that launch only one
@@ -32,6 +39,15 @@ struct moejit_model {
  * loaded is INVALID_ARGUMENT. */
 moejit_status mj_model_load(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,
                             moejit_model **out);
+
+/* mj_model_load that also fills *report (may be NULL; filled as far as the
+ * load got on failure) with `origin` naming where the spec came from. All
+ * families compile at once on the ctx compiler's threads; the GEMM families
+ * also warm the ctx's kernel memo for every entry the launchers pick, so a
+ * later launch never generates code or loads a module. */
+moejit_status mj_model_load_reported(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,
+                                     const char *origin, moejit_load_report *report,
+                                     moejit_model **out);
 
 /* Records the failure on the model's ctx too and returns `status`. */
 moejit_status mj_model_fail(const moejit_model *model, moejit_status status);

@@ -1,0 +1,163 @@
+/* moejit whole MoE layer: a model loaded from a config file or preset with
+ * every kernel compiled in parallel, a load report, one forward call that
+ * runs route -> align/permute -> GEMM 1 + SwiGLU -> GEMM 2 -> combine, and
+ * CUDA-graph capture of it. Included by moejit/moejit.h after gemm.h.
+ *
+ * Conventions are those of moejit/ops.h: device pointers, row-major dense
+ * buffers, arguments checked before anything is enqueued, no host sync, no
+ * allocation and no module load inside moejit_moe_forward once the model is
+ * loaded (so it can be captured in a CUDA graph), deterministic results.
+ * Workspace layout, data path and the benchmark floor: docs/layer.md. */
+#ifndef MOEJIT_LAYER_H
+#define MOEJIT_LAYER_H
+
+#include "moejit/moejit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Loading a whole layer, and what the load did                             */
+/* ------------------------------------------------------------------------ */
+
+#define MOEJIT_LOAD_MAX_KERNELS 8
+
+/* One kernel family of a loaded model. */
+typedef struct moejit_load_kernel {
+  char kernel[MOEJIT_NAME_MAX]; /* family: "route", "align", "gemm1", ... */
+  char arch[MOEJIT_ARCH_MAX];   /* the ctx's arch, e.g. "sm_90a" */
+  char key[33];                 /* cache key, 32 hex digits */
+  int cache_hit;                /* 1: not compiled by this load (disk cache
+                                   or the ctx compiler's memory) */
+  double ms;                    /* generate + compile or cache read */
+  char config[64];              /* the launch shape, e.g. "128x256x64 s4 w8"
+                                   or "block 256" */
+  /* Where that shape came from: "heuristic" (the config's kernels section
+   * or the built-in defaults) today; a tuned table will report "tuned",
+   * with the table and bucket in config_detail. */
+  char config_source[32];
+  char config_detail[160];
+} moejit_load_kernel;
+
+typedef struct moejit_load_report {
+  char model[MOEJIT_NAME_MAX];  /* spec name */
+  char origin[MOEJIT_PATH_MAX]; /* the config path, "preset:NAME" or "spec" */
+  char arch[MOEJIT_ARCH_MAX];
+  int n_kernels; /* families loaded (entries of kernels[]) */
+  int cache_hits, cache_misses;
+  double compile_ms; /* wall time of the parallel generate + compile step */
+  double load_ms;    /* wall time of the module loads and function lookups */
+  double total_ms;   /* the whole load call, spec parsing included */
+  moejit_load_kernel kernels[MOEJIT_LOAD_MAX_KERNELS];
+} moejit_load_report;
+
+typedef struct moejit_load_opts {
+  /* If non-NULL, filled by the load (on failure: as far as it got). The
+   * same report is kept in the model: moejit_model_load_report. */
+  moejit_load_report *report;
+} moejit_load_opts;
+
+/* Zeroes opts (no report pointer). */
+MOEJIT_API void moejit_load_opts_init(moejit_load_opts *opts);
+
+/* Loads the whole layer: validates the spec, then generates and compiles
+ * all of its kernel families (route, align, gemm1, gemm2, combine) at once
+ * on the ctx compiler's threads through the disk cache (the next load is all
+ * cache hits), loads the modules and resolves every entry the forward
+ * launches. opts NULL: defaults. Errors and ownership as moejit_model_load.
+ * Thread-safe. */
+MOEJIT_API moejit_status moejit_model_load_spec(moejit_ctx *ctx, const moejit_spec *spec,
+                                                const moejit_load_opts *opts, moejit_model **out);
+
+/* moejit_model_load_spec from a YAML config path or an embedded preset
+ * name: an existing file wins, else a preset of that name; NULL is the
+ * default preset (moejit_default_preset). Errors: CONFIG or IO as
+ * moejit_spec_load_file, NOT_FOUND for a name that is neither a file nor a
+ * preset (the message lists the presets). */
+MOEJIT_API moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_preset,
+                                                  const moejit_load_opts *opts, moejit_model **out);
+
+/* Copies the report of the load that made `model` (any moejit_model_load*
+ * call fills one). INVALID_ARGUMENT for NULL. Thread-safe. */
+MOEJIT_API moejit_status moejit_model_load_report(const moejit_model *model,
+                                                  moejit_load_report *report);
+
+/* ------------------------------------------------------------------------ */
+/* Forward                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* One MoE layer, T tokens: out[t] = sum_j w[t,j] * W2[e_j] (silu(W1g[e_j] x)
+ * * (W1u[e_j] x)) with (e_j, w[t,j]) the top-k of the routing rule. The
+ * top-k weights are applied in combine (fp32, after y is rounded to the
+ * activation dtype), not as a GEMM 2 row scale. */
+typedef struct moejit_moe_args {
+  int64_t tokens;          /* T, 1 .. INT32_MAX / top_k */
+  const void *x;           /* [T, d] of spec.act_dtype; 16-byte aligned */
+  const void *logits;      /* [T, E] router logits of spec.logits_dtype; 16-byte aligned */
+  const float *route_bias; /* [E] fp32 selection bias (sigmoid rule) or NULL;
+                              16-byte aligned */
+  const void *w1;          /* [E, 2f, d] of spec.weight_dtype (gate rows, then
+                              up rows); 16-byte aligned */
+  const void *w2;          /* [E, d, f] of spec.weight_dtype; 16-byte aligned */
+  void *out;               /* out [T, d] of spec.out_dtype; 16-byte aligned */
+  void *workspace;         /* moejit_moe_workspace_size(T) bytes or more,
+                              256-byte aligned; no initialization needed */
+  size_t workspace_bytes;
+  /* Optional outputs, NULL: kept inside the workspace. The routing result
+   * [T, k], as moejit_route writes it; 4-byte aligned. */
+  int32_t *topk_ids;
+  float *topk_weights;
+} moejit_moe_args;
+
+/* Bytes of workspace a forward of up to max_tokens tokens needs (a
+ * workspace sized for the largest T serves every smaller T). The model
+ * must be a whole layer (moejit_model_load_spec / _config). */
+MOEJIT_API moejit_status moejit_moe_workspace_size(const moejit_model *model, int64_t max_tokens,
+                                                   size_t *bytes);
+
+/* Enqueues the layer on `stream`: route, align (3 launches), GEMM 1 +
+ * SwiGLU, GEMM 2, combine. Checks every argument first (INVALID_ARGUMENT
+ * naming the field, nothing enqueued); never synchronizes, allocates or
+ * loads modules, so it may run inside a stream capture. Thread-safe (with
+ * separate workspaces). */
+MOEJIT_API moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_args *args,
+                                            moejit_stream stream);
+
+/* FLOPs of one forward's two GEMMs (6 * T * k * d * f), for reports. */
+MOEJIT_API double moejit_moe_flops(const moejit_spec *spec, int64_t tokens);
+
+/* ------------------------------------------------------------------------ */
+/* CUDA graphs: capture work enqueued on a stream, replay it                */
+/* ------------------------------------------------------------------------ */
+/* Thin wrappers of the driver's stream capture (cuStreamBeginCapture with
+ * CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, cuStreamEndCapture,
+ * cuGraphInstantiateWithFlags, cuGraphLaunch). The legacy default stream
+ * (NULL) cannot be captured: use moejit_stream_create. While a stream is
+ * capturing, work enqueued on it is recorded, not run. */
+
+typedef struct moejit_graph moejit_graph;
+
+/* Starts capturing `stream`. INVALID_ARGUMENT for a NULL stream. */
+MOEJIT_API moejit_status moejit_graph_begin_capture(moejit_ctx *ctx, moejit_stream stream);
+
+/* Ends the capture of `stream` and instantiates what was recorded. Always
+ * ends the capture, also when the capture was invalidated by an illegal
+ * call in between (then CUDA with the driver's message, *out NULL).
+ * *out is owned by the caller: moejit_graph_destroy. */
+MOEJIT_API moejit_status moejit_graph_end_capture(moejit_ctx *ctx, moejit_stream stream,
+                                                  moejit_graph **out);
+
+/* Enqueues one replay of `graph` on `stream` (any stream of the ctx's
+ * device). Never synchronizes. */
+MOEJIT_API moejit_status moejit_graph_launch(moejit_ctx *ctx, moejit_graph *graph,
+                                             moejit_stream stream);
+
+/* Frees a graph (replays already enqueued still complete). NULL: no-op. */
+MOEJIT_API void moejit_graph_destroy(moejit_ctx *ctx, moejit_graph *graph);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

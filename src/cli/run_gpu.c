@@ -1,0 +1,521 @@
+/* `moejit run` on a GPU: cold and warm model load, inputs filled on the
+ * device, one checked eager run per token count, then eager and graph
+ * timings (CUDA events, median) against the floor; see run_gpu.h. */
+#include "cli/run_gpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "cli/run_data.h"
+
+#define PEAK_FLOPS 750e12 /* dense bf16 GEMM, cuBLAS on the H100 (DESIGN.md) */
+#define PEAK_BYTES 3.0e12 /* read-only weight streaming on the H100 */
+#define WARMUPS 3
+#define MAX_SAMPLES 8
+#define GIB (1024.0 * 1024.0 * 1024.0)
+/* Part of the free device memory we let ourselves use. */
+#define MEM_FRACTION 0.9
+
+typedef struct point {
+  int64_t tokens;
+  int skipped;
+  double need_bytes;
+  double eager_ms, graph_ms, flops, weight_bytes, io_bytes, floor_ms, rel_err;
+  int active, checked, ok;
+  char problem[256];
+} point;
+
+typedef struct gpu_state {
+  const run_args *a;
+  const moejit_spec *s;
+  moejit_ctx *ctx;
+  moejit_model *model;
+  moejit_load_report cold, warm;
+  moejit_device_info dev;
+  moejit_stream stream;
+  moejit_event ev0, ev1;
+  run_block bx, b1, b2;
+  void *w1, *w2, *scratch, *x, *logits, *out, *ws, *ids, *weights;
+  size_t ws_bytes, free_after_weights;
+  int64_t max_tokens;
+  point points[16];
+  int n_points;
+  int reported; /* 1: a failure was already printed (not a library error) */
+} gpu_state;
+
+double run_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static double max2(double a, double b) {
+  return a > b ? a : b;
+}
+
+static size_t act_size(const moejit_spec *s) {
+  return moejit_dtype_size(s->act_dtype);
+}
+
+/* ---- setup ----------------------------------------------------------------- */
+
+static moejit_status make_ctx(const gpu_state *g, moejit_ctx **ctx) {
+  moejit_ctx_opts opts;
+  moejit_ctx_opts_init(&opts);
+  opts.compiler.cache_dir = g->a->cache_dir;
+  return moejit_ctx_create(ctx, &opts);
+}
+
+/* The first load compiles or reads the disk cache; the second, in a fresh
+ * ctx (its own compiler memory and module memo), is what a warm start of
+ * an engine costs. The run keeps the second. */
+static moejit_status load_twice(gpu_state *g) {
+  const char *what = g->a->preset ? g->a->preset : g->a->config;
+  moejit_ctx *first = NULL;
+  moejit_model *m = NULL;
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.report = &g->cold;
+  moejit_status st = make_ctx(g, &first);
+  if (!st) st = moejit_model_load_config(first, what, &o, &m);
+  if (!st) st = make_ctx(g, &g->ctx); /* before `first` goes: keeps the primary ctx alive */
+  moejit_model_destroy(m);
+  moejit_ctx_destroy(first);
+  if (st) return st;
+  o.report = &g->warm;
+  if ((st = moejit_model_load_config(g->ctx, what, &o, &g->model))) return st;
+  return moejit_ctx_device_info(g->ctx, &g->dev);
+}
+
+static moejit_status alloc(gpu_state *g, size_t bytes, void **p) {
+  return moejit_mem_alloc(g->ctx, bytes ? bytes : 16, g->stream, p);
+}
+
+static moejit_status make_weights(gpu_state *g) {
+  const moejit_spec *s = g->s;
+  const size_t ws = moejit_dtype_size(s->weight_dtype);
+  const size_t n1 = (size_t)s->experts * 2 * (size_t)s->expert_width * (size_t)s->hidden;
+  const size_t n2 = (size_t)s->experts * (size_t)s->hidden * (size_t)s->expert_width;
+  size_t free_bytes = 0;
+  moejit_status st = moejit_mem_get_info(g->ctx, &free_bytes, NULL);
+  if (st) return st;
+  const double need = (double)(n1 + n2 + RUN_BLOCK_ELEMS) * ws;
+  if (need > MEM_FRACTION * (double)free_bytes) {
+    fprintf(stderr, "moejit: the weights of %s need %.1f GiB; the GPU has %.1f GiB free\n", s->name,
+            need / GIB, (double)free_bytes / GIB);
+    g->reported = 1;
+    return MOEJIT_ERR_OUT_OF_MEMORY;
+  }
+  if (!run_block_make(&g->b1, s->weight_dtype, 1.0 / run_sqrt((double)s->hidden), 0x5eed0001) ||
+      !run_block_make(&g->b2, s->weight_dtype, 1.0 / run_sqrt((double)s->expert_width),
+                      0x5eed0002) ||
+      !run_block_make(&g->bx, s->act_dtype, 1.0, 0x5eed0003)) {
+    fprintf(stderr, "moejit: out of host memory for the input blocks\n");
+    g->reported = 1;
+    return MOEJIT_ERR_OUT_OF_MEMORY;
+  }
+  const size_t scratch = RUN_BLOCK_ELEMS * (ws > act_size(s) ? ws : act_size(s));
+  if ((st = alloc(g, n1 * ws, &g->w1)) || (st = alloc(g, n2 * ws, &g->w2)) ||
+      (st = alloc(g, scratch, &g->scratch)))
+    return st;
+  if ((st = run_fill_periodic(g->ctx, &g->b1, g->scratch, g->w1, n1, g->stream)) ||
+      (st = run_fill_periodic(g->ctx, &g->b2, g->scratch, g->w2, n2, g->stream)) ||
+      (st = moejit_stream_synchronize(g->ctx, g->stream)))
+    return st;
+  return moejit_mem_get_info(g->ctx, &g->free_after_weights, NULL);
+}
+
+static double io_bytes_for(const gpu_state *g, int64_t t) {
+  const moejit_spec *s = g->s;
+  return (double)t * ((double)s->hidden * (act_size(s) + moejit_dtype_size(s->out_dtype)) +
+                      (double)s->experts * moejit_dtype_size(s->logits_dtype) + 8.0 * s->top_k);
+}
+
+/* The largest token count whose buffers fit; larger ones are skipped. */
+static moejit_status plan_points(gpu_state *g) {
+  g->n_points = g->a->n_tokens;
+  for (int i = 0; i < g->n_points; i++) {
+    point *p = &g->points[i];
+    memset(p, 0, sizeof *p);
+    p->tokens = g->a->tokens[i];
+    size_t ws = 0;
+    moejit_status st = moejit_moe_workspace_size(g->model, p->tokens, &ws);
+    if (st) return st;
+    p->need_bytes = io_bytes_for(g, p->tokens) + (double)ws + 4096.0;
+    p->skipped = p->need_bytes > MEM_FRACTION * (double)g->free_after_weights;
+    if (!p->skipped && p->tokens > g->max_tokens) g->max_tokens = p->tokens;
+  }
+  return MOEJIT_OK;
+}
+
+static moejit_status make_inputs(gpu_state *g) {
+  const moejit_spec *s = g->s;
+  const int64_t t = g->max_tokens;
+  const size_t lsz = moejit_dtype_size(s->logits_dtype), n_logits = (size_t)t * s->experts;
+  moejit_status st = moejit_moe_workspace_size(g->model, t, &g->ws_bytes);
+  if (st || (st = alloc(g, (size_t)t * s->hidden * act_size(s), &g->x)) ||
+      (st = alloc(g, n_logits * lsz, &g->logits)) ||
+      (st = alloc(g, (size_t)t * s->hidden * moejit_dtype_size(s->out_dtype), &g->out)) ||
+      (st = alloc(g, g->ws_bytes, &g->ws)) || (st = alloc(g, (size_t)t * s->top_k * 4, &g->ids)) ||
+      (st = alloc(g, (size_t)t * s->top_k * 4, &g->weights)))
+    return st;
+  if ((st = run_fill_periodic(g->ctx, &g->bx, g->scratch, g->x, (size_t)t * s->hidden, g->stream)))
+    return st;
+  float *logits = run_make_logits(t, s->experts, 0x5eed0004);
+  void *packed = malloc(n_logits * lsz);
+  if (!logits || !packed) {
+    free(logits);
+    free(packed);
+    fprintf(stderr, "moejit: out of host memory for the logits\n");
+    g->reported = 1;
+    return MOEJIT_ERR_OUT_OF_MEMORY;
+  }
+  run_pack(s->logits_dtype, logits, packed, n_logits);
+  st = moejit_memcpy_htod(g->ctx, g->logits, packed, n_logits * lsz, g->stream);
+  if (!st) st = moejit_stream_synchronize(g->ctx, g->stream);
+  free(logits);
+  free(packed);
+  return st;
+}
+
+/* ---- one point ------------------------------------------------------------- */
+
+static moejit_moe_args forward_args(const gpu_state *g, int64_t t) {
+  moejit_moe_args a = {.tokens = t,
+                       .x = g->x,
+                       .logits = g->logits,
+                       .w1 = g->w1,
+                       .w2 = g->w2,
+                       .out = g->out,
+                       .workspace = g->ws,
+                       .workspace_bytes = g->ws_bytes,
+                       .topk_ids = g->ids,
+                       .topk_weights = g->weights};
+  return a;
+}
+
+static moejit_status poison_out(const gpu_state *g, int64_t t) {
+  size_t bytes = (size_t)t * g->s->hidden * moejit_dtype_size(g->s->out_dtype);
+  return moejit_memset_d32(g->ctx, g->out, 0xffffffffu, bytes / 4, g->stream); /* NaN */
+}
+
+static int cmp_float(const void *x, const void *y) {
+  float a = *(const float *)x, b = *(const float *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* Median of `iters` runs of either the eager forward or a graph replay,
+ * each between two events, after WARMUPS untimed runs. */
+static moejit_status time_runs(gpu_state *g, int64_t t, moejit_graph *graph, double *median) {
+  const int iters = g->a->iters;
+  float *ms = malloc(sizeof(float) * (size_t)iters);
+  if (!ms) return MOEJIT_ERR_OUT_OF_MEMORY;
+  moejit_moe_args args = forward_args(g, t);
+  moejit_status st = MOEJIT_OK;
+  for (int i = 0; i < WARMUPS + iters && !st; i++) {
+    st = moejit_event_record(g->ctx, g->ev0, g->stream);
+    if (!st)
+      st = graph ? moejit_graph_launch(g->ctx, graph, g->stream)
+                 : moejit_moe_forward(g->model, &args, g->stream);
+    if (!st) st = moejit_event_record(g->ctx, g->ev1, g->stream);
+    if (!st) st = moejit_event_synchronize(g->ctx, g->ev1);
+    if (!st && i >= WARMUPS) st = moejit_event_elapsed_ms(g->ctx, g->ev0, g->ev1, &ms[i - WARMUPS]);
+  }
+  if (!st) {
+    qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
+    *median = iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+  }
+  free(ms);
+  return st;
+}
+
+/* Routing sanity over all tokens (ids in range and distinct per token,
+ * weights finite) and the distinct experts chosen. */
+static int check_routing(const gpu_state *g, int64_t t, const int32_t *ids, const float *w,
+                         point *p) {
+  const int k = g->s->top_k, E = g->s->experts;
+  unsigned char *seen = calloc((size_t)E, 1);
+  if (!seen) return 0;
+  for (int64_t i = 0; i < t * k; i++) {
+    const int32_t e = ids[i];
+    int dup = 0;
+    for (int64_t j = i - i % k; j < i; j++) dup |= ids[j] == e;
+    if (e < 0 || e >= E || dup || !(w[i] - w[i] == 0)) {
+      snprintf(p->problem, sizeof p->problem, "token %lld slot %d: expert %d, weight %g",
+               (long long)(i / k), (int)(i % k), e, w[i]);
+      free(seen);
+      return 0;
+    }
+    if (!seen[e]) seen[e] = 1, p->active++;
+  }
+  free(seen);
+  return 1;
+}
+
+static double tolerance(const moejit_spec *s) {
+  return s->act_dtype == MOEJIT_DTYPE_FP32 ? 1e-4 : s->act_dtype == MOEJIT_DTYPE_FP16 ? 5e-3 : 1e-2;
+}
+
+/* ||out - ref|| / ||ref|| over the sampled tokens. */
+static void check_sample(const gpu_state *g, int64_t t, const void *out, const int32_t *ids,
+                         const float *w, point *p) {
+  const moejit_spec *s = g->s;
+  const int k = s->top_k;
+  const size_t n = t < MAX_SAMPLES ? (size_t)t : MAX_SAMPLES, d = (size_t)s->hidden;
+  int64_t tok[MAX_SAMPLES];
+  int32_t sid[MAX_SAMPLES * 32];
+  float sw[MAX_SAMPLES * 32];
+  for (size_t i = 0; i < n; i++) {
+    tok[i] = n == (size_t)t ? (int64_t)i : (int64_t)i * (t - 1) / (int64_t)(n - 1);
+    memcpy(&sid[i * k], &ids[tok[i] * k], sizeof(int32_t) * k);
+    memcpy(&sw[i * k], &w[tok[i] * k], sizeof(float) * k);
+  }
+  double *ref = malloc(sizeof(double) * n * d);
+  if (!ref) return;
+  run_reference(s, &g->bx, &g->b1, &g->b2, tok, n, sid, sw, ref);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < n; i++)
+    for (size_t c = 0; c < d; c++) {
+      double got = run_unpack_one(s->out_dtype, out, (size_t)tok[i] * d + c), r = ref[i * d + c];
+      err += (got - r) * (got - r);
+      norm += r * r;
+    }
+  free(ref);
+  p->rel_err = err <= 1.7e308 ? run_sqrt(err) / (norm > 0 ? run_sqrt(norm) : 1.0) : 1.0 / 0.0;
+  p->checked = (int)n;
+  if (!(p->rel_err <= tolerance(s)))
+    snprintf(p->problem, sizeof p->problem, "relative error %.3g over %zu sampled tokens > %.0e",
+             p->rel_err, n, tolerance(s));
+}
+
+/* Eager run, downloads and checks; fills host_out for the graph comparison. */
+static moejit_status eager_checked(gpu_state *g, point *p, void *host_out) {
+  const int64_t t = p->tokens;
+  const size_t out_bytes = (size_t)t * g->s->hidden * moejit_dtype_size(g->s->out_dtype);
+  const size_t n_ids = (size_t)t * g->s->top_k;
+  int32_t *ids = malloc(n_ids * 4);
+  float *w = malloc(n_ids * 4);
+  moejit_moe_args args = forward_args(g, t);
+  moejit_status st = !ids || !w ? MOEJIT_ERR_OUT_OF_MEMORY : poison_out(g, t);
+  if (!st) st = moejit_moe_forward(g->model, &args, g->stream);
+  if (!st) st = moejit_memcpy_dtoh(g->ctx, host_out, g->out, out_bytes, g->stream);
+  if (!st) st = moejit_memcpy_dtoh(g->ctx, ids, g->ids, n_ids * 4, g->stream);
+  if (!st) st = moejit_memcpy_dtoh(g->ctx, w, g->weights, n_ids * 4, g->stream);
+  if (!st) st = moejit_stream_synchronize(g->ctx, g->stream);
+  if (!st && check_routing(g, t, ids, w, p)) check_sample(g, t, host_out, ids, w, p);
+  free(ids);
+  free(w);
+  return st;
+}
+
+/* Captures one forward, replays it once on a poisoned output and requires
+ * the bits of the eager run. *graph is kept for timing. */
+static moejit_status graph_checked(gpu_state *g, point *p, const void *eager, void *host_out,
+                                   moejit_graph **graph) {
+  const int64_t t = p->tokens;
+  const size_t out_bytes = (size_t)t * g->s->hidden * moejit_dtype_size(g->s->out_dtype);
+  moejit_moe_args args = forward_args(g, t);
+  moejit_status st = moejit_graph_begin_capture(g->ctx, g->stream);
+  if (st) return st;
+  moejit_status fwd = moejit_moe_forward(g->model, &args, g->stream);
+  st = moejit_graph_end_capture(g->ctx, g->stream, graph); /* always end it */
+  if (fwd) return fwd;
+  if (!st) st = poison_out(g, t);
+  if (!st) st = moejit_graph_launch(g->ctx, *graph, g->stream);
+  if (!st) st = moejit_memcpy_dtoh(g->ctx, host_out, g->out, out_bytes, g->stream);
+  if (!st) st = moejit_stream_synchronize(g->ctx, g->stream);
+  if (!st && memcmp(eager, host_out, out_bytes) != 0 && !p->problem[0])
+    snprintf(p->problem, sizeof p->problem, "graph replay output differs from the eager run");
+  return st;
+}
+
+static void finish_point(const gpu_state *g, point *p) {
+  const moejit_spec *s = g->s;
+  const double wbytes = (double)moejit_dtype_size(s->weight_dtype) * 3.0 * (double)s->hidden *
+                        (double)s->expert_width;
+  p->flops = moejit_moe_flops(s, p->tokens);
+  p->weight_bytes = wbytes * p->active;
+  p->io_bytes = (double)p->tokens * s->hidden * (act_size(s) + moejit_dtype_size(s->out_dtype));
+  p->floor_ms = 1e3 * max2(p->flops / PEAK_FLOPS, (p->weight_bytes + p->io_bytes) / PEAK_BYTES);
+  p->ok = !p->problem[0];
+}
+
+static moejit_status run_point(gpu_state *g, point *p) {
+  const size_t out_bytes = (size_t)p->tokens * g->s->hidden * moejit_dtype_size(g->s->out_dtype);
+  void *eager = malloc(out_bytes), *replay = malloc(out_bytes);
+  moejit_graph *graph = NULL;
+  moejit_status st = !eager || !replay ? MOEJIT_ERR_OUT_OF_MEMORY : eager_checked(g, p, eager);
+  if (!st) st = graph_checked(g, p, eager, replay, &graph);
+  free(eager);
+  free(replay);
+  if (!st) st = time_runs(g, p->tokens, NULL, &p->eager_ms);
+  if (!st) st = time_runs(g, p->tokens, graph, &p->graph_ms);
+  moejit_graph_destroy(g->ctx, graph);
+  finish_point(g, p);
+  return st;
+}
+
+/* ---- output ----------------------------------------------------------------- */
+
+static void print_load(const char *what, const moejit_load_report *r) {
+  printf(
+      "load (%s): %d kernels, %d from cache, %d compiled; compile %.1f ms, modules %.1f ms, "
+      "total %.1f ms\n",
+      what, r->n_kernels, r->cache_hits, r->cache_misses, r->compile_ms, r->load_ms, r->total_ms);
+}
+
+static void print_text(const gpu_state *g) {
+  const moejit_spec *s = g->s;
+  printf("moejit run: %s (d=%lld f=%lld E=%d k=%d %s) on %s (%s)\n", s->name, (long long)s->hidden,
+         (long long)s->expert_width, s->experts, s->top_k, moejit_dtype_name(s->act_dtype),
+         g->dev.name, g->dev.arch);
+  print_load("first", &g->cold);
+  print_load("again, new ctx", &g->warm);
+  printf("kernels:");
+  for (int i = 0; i < g->warm.n_kernels; i++)
+    printf(" %s %s (%s)%s", g->warm.kernels[i].kernel, g->warm.kernels[i].config,
+           g->warm.kernels[i].config_source, i + 1 < g->warm.n_kernels ? ";" : "\n");
+  printf("%7s %10s %10s %8s %7s %10s %7s %7s %8s  %s\n", "T", "eager ms", "graph ms", "TFLOP/s",
+         "W TB/s", "floor ms", "% floor", "experts", "rel err", "check");
+  for (int i = 0; i < g->n_points; i++) {
+    const point *p = &g->points[i];
+    if (p->skipped) {
+      printf("%7lld skipped: needs %.1f GiB of buffers, %.1f GiB free after the weights\n",
+             (long long)p->tokens, p->need_bytes / GIB, (double)g->free_after_weights / GIB);
+      continue;
+    }
+    printf("%7lld %10.4f %10.4f %8.1f %7.2f %10.4f %7.1f %7d %8.1e  %s\n", (long long)p->tokens,
+           p->eager_ms, p->graph_ms, p->flops / (p->graph_ms * 1e9),
+           p->weight_bytes / (p->graph_ms * 1e9), p->floor_ms, 100 * p->floor_ms / p->graph_ms,
+           p->active, p->rel_err, p->ok ? "ok" : p->problem);
+  }
+  printf(
+      "floor = max(FLOPs of both GEMMs / 750 TFLOP/s, (active experts' W1+W2 + x + out bytes) "
+      "/ 3.0 TB/s); %% floor and the rates use the graph time. Active experts: the distinct "
+      "experts the routing chose, counted from the ids on the host. Times: median of %d "
+      "CUDA-event-timed runs after %d warm-ups. Check: up to %d sampled tokens against a "
+      "float64 reference, graph replay bitwise equal to eager.\n",
+      g->a->iters, WARMUPS, MAX_SAMPLES);
+}
+
+static void print_load_json(const moejit_load_report *r) {
+  printf(
+      "{\"kernels\":%d,\"cache_hits\":%d,\"cache_misses\":%d,\"compile_ms\":%.3f,"
+      "\"load_ms\":%.3f,\"total_ms\":%.3f,\"configs\":[",
+      r->n_kernels, r->cache_hits, r->cache_misses, r->compile_ms, r->load_ms, r->total_ms);
+  for (int i = 0; i < r->n_kernels; i++) {
+    printf("%s{\"kernel\":", i ? "," : "");
+    cli_json_str(stdout, r->kernels[i].kernel);
+    printf(",\"config\":");
+    cli_json_str(stdout, r->kernels[i].config);
+    printf(",\"source\":");
+    cli_json_str(stdout, r->kernels[i].config_source);
+    printf(",\"cache_hit\":%s}", r->kernels[i].cache_hit ? "true" : "false");
+  }
+  printf("]}");
+}
+
+static void print_point_json(const point *p) {
+  printf("{\"tokens\":%lld,\"skipped\":%s", (long long)p->tokens, p->skipped ? "true" : "false");
+  if (!p->skipped) {
+    printf(
+        ",\"eager_ms\":%.6f,\"graph_ms\":%.6f,\"tflops\":%.3f,\"weight_tbs\":%.4f,"
+        "\"floor_ms\":%.6f,\"pct_of_floor\":%.2f,\"active_experts\":%d,\"checked_tokens\":%d,"
+        "\"rel_err\":%.3e,\"ok\":%s,\"problem\":",
+        p->eager_ms, p->graph_ms, p->flops / (p->graph_ms * 1e9),
+        p->weight_bytes / (p->graph_ms * 1e9), p->floor_ms, 100 * p->floor_ms / p->graph_ms,
+        p->active, p->checked, p->rel_err <= 1.7e308 ? p->rel_err : -1.0, p->ok ? "true" : "false");
+    cli_json_str(stdout, p->problem);
+  } else {
+    printf(",\"need_bytes\":%.0f", p->need_bytes);
+  }
+  printf("}");
+}
+
+static void print_json(const gpu_state *g, int ok) {
+  printf("{\"config\":");
+  cli_json_str(stdout, g->s->name);
+  printf(",\"gpu\":true,\"ran\":true,\"device\":");
+  cli_json_str(stdout, g->dev.name);
+  printf(",\"arch\":");
+  cli_json_str(stdout, g->dev.arch);
+  printf(",\"load_cold\":");
+  print_load_json(&g->cold);
+  printf(",\"load_warm\":");
+  print_load_json(&g->warm);
+  printf(",\"iters\":%d,\"points\":[", g->a->iters);
+  for (int i = 0; i < g->n_points; i++) {
+    if (i) printf(",");
+    print_point_json(&g->points[i]);
+  }
+  printf("],\"ok\":%s}\n", ok ? "true" : "false");
+}
+
+/* ---- driver ----------------------------------------------------------------- */
+
+static void release(gpu_state *g) {
+  void *bufs[] = {g->w1, g->w2, g->scratch, g->x, g->logits, g->out, g->ws, g->ids, g->weights};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) (void)moejit_mem_free(g->ctx, bufs[i], g->stream);
+  if (g->ctx) {
+    (void)moejit_stream_synchronize(g->ctx, g->stream);
+    (void)moejit_event_destroy(g->ctx, g->ev0);
+    (void)moejit_event_destroy(g->ctx, g->ev1);
+    (void)moejit_stream_destroy(g->ctx, g->stream);
+  }
+  moejit_model_destroy(g->model);
+  moejit_ctx_destroy(g->ctx);
+  run_block_free(&g->bx);
+  run_block_free(&g->b1);
+  run_block_free(&g->b2);
+}
+
+static moejit_status prepare(gpu_state *g) {
+  moejit_status st = load_twice(g);
+  if (!st) g->s = moejit_model_spec(g->model); /* what was loaded */
+  if (!st) st = moejit_stream_create(g->ctx, &g->stream);
+  if (!st) st = moejit_event_create(g->ctx, &g->ev0);
+  if (!st) st = moejit_event_create(g->ctx, &g->ev1);
+  if (!st) st = make_weights(g);
+  if (!st) st = plan_points(g);
+  if (!st && g->max_tokens > 0) st = make_inputs(g);
+  return st;
+}
+
+int run_on_gpu(const run_args *a, const moejit_spec *spec) {
+  gpu_state *g = calloc(1, sizeof *g);
+  if (!g) return cli_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of host memory");
+  g->a = a;
+  g->s = spec;
+  moejit_status st = prepare(g);
+  if (st) {
+    int rc = g->reported ? CLI_EXIT_FAILURE : cli_fail(st, "moejit run");
+    release(g);
+    free(g);
+    return rc;
+  }
+  int ok = 1;
+  for (int i = 0; i < g->n_points && !st; i++) {
+    point *p = &g->points[i];
+    if (p->skipped) continue;
+    st = run_point(g, p);
+    ok &= p->ok;
+  }
+  if (st) {
+    int rc = g->reported ? CLI_EXIT_FAILURE : cli_fail(st, "moejit run");
+    release(g);
+    free(g);
+    return rc == CLI_EXIT_USAGE ? CLI_EXIT_FAILURE : rc;
+  }
+  if (a->json)
+    print_json(g, ok);
+  else
+    print_text(g);
+  release(g);
+  free(g);
+  if (!ok) fprintf(stderr, "moejit: run: the check failed (see the table)\n");
+  return ok ? CLI_EXIT_OK : CLI_EXIT_FAILURE;
+}

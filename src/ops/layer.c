@@ -1,0 +1,253 @@
+/* The whole MoE layer (moejit/layer.h): loading from a config path or
+ * preset, the workspace layout, and the forward that chains the existing
+ * launchers route -> align -> gemm1 + SwiGLU -> gemm2 -> combine. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/common.h"
+#include "ops/gemm.h"
+#include "ops/ops.h"
+
+#define WS_ALIGN 256
+
+void moejit_load_opts_init(moejit_load_opts *opts) {
+  if (opts) memset(opts, 0, sizeof *opts);
+}
+
+moejit_status moejit_model_load_spec(moejit_ctx *ctx, const moejit_spec *spec,
+                                     const moejit_load_opts *opts, moejit_model **out) {
+  return mj_model_load_reported(ctx, spec, MJ_OPS_LAYER, "spec", opts ? opts->report : NULL, out);
+}
+
+static int is_regular_file(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* A name with a slash or a YAML extension is meant as a file: say that the
+ * file is missing rather than that no preset has that name. */
+static int looks_like_path(const char *s) {
+  size_t n = strlen(s);
+  return strchr(s, '/') || (n > 5 && !strcmp(s + n - 5, ".yaml")) ||
+         (n > 4 && !strcmp(s + n - 4, ".yml"));
+}
+
+static moejit_status spec_from(const char *what, moejit_spec *spec, char *origin, size_t cap) {
+  if (!what) what = moejit_default_preset();
+  if (is_regular_file(what) || looks_like_path(what)) {
+    mj_strlcpy(origin, what, cap);
+    return moejit_spec_load_file(what, spec);
+  }
+  snprintf(origin, cap, "preset:%s", what);
+  return moejit_spec_load_preset(what, spec);
+}
+
+moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_preset,
+                                       const moejit_load_opts *opts, moejit_model **out) {
+  const double t0 = mj_now_ms();
+  if (out) *out = NULL;
+  if (!ctx || !out)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_load_config: %s is NULL",
+                   !ctx ? "ctx" : "out");
+  moejit_spec spec;
+  char origin[MOEJIT_PATH_MAX];
+  moejit_status st = spec_from(config_or_preset, &spec, origin, sizeof origin);
+  if (st) return mj_ctx_fail(ctx, mj_fail_prefix(st, "moejit_model_load_config"));
+  moejit_load_report scratch, *r = opts && opts->report ? opts->report : &scratch;
+  st = mj_model_load_reported(ctx, &spec, MJ_OPS_LAYER, origin, r, out);
+  r->total_ms = mj_now_ms() - t0; /* parsing included */
+  if (*out) (*out)->report.total_ms = r->total_ms;
+  return st;
+}
+
+/* ---- workspace ---------------------------------------------------------- */
+
+/* Where each buffer of one forward lives inside the workspace (byte
+ * offsets, each 256-byte aligned; docs/layer.md draws it). y reuses xs:
+ * GEMM 1 has consumed xs by the time GEMM 2 writes y. */
+typedef struct ws_layout {
+  size_t ids, weights, counts, offsets, sorted_slot, row_of, tile_expert, tile_row_start, num_tiles,
+      align_ws, xs_y, h, total;
+  size_t align_bytes;
+} ws_layout;
+
+static size_t take(size_t *cursor, size_t bytes) {
+  size_t at = *cursor;
+  *cursor += (bytes + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
+  return at;
+}
+
+static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout *l) {
+  const moejit_spec *s = &m->spec;
+  int64_t tiles = 0;
+  moejit_status st = moejit_align_tile_capacity(m, tokens, &tiles);
+  if (!st) st = moejit_align_workspace_size(m, tokens, &l->align_bytes);
+  if (st) return st;
+  const size_t entries = (size_t)tokens * (size_t)s->top_k, E = (size_t)s->experts;
+  const size_t act = moejit_dtype_size(s->act_dtype);
+  size_t c = 0;
+  l->ids = take(&c, entries * 4);
+  l->weights = take(&c, entries * 4);
+  l->counts = take(&c, E * 4);
+  l->offsets = take(&c, (E + 1) * 4);
+  l->sorted_slot = take(&c, entries * 4);
+  l->row_of = take(&c, entries * 4);
+  l->tile_expert = take(&c, (size_t)tiles * 4);
+  l->tile_row_start = take(&c, (size_t)tiles * 4);
+  l->num_tiles = take(&c, 4);
+  l->align_ws = take(&c, l->align_bytes);
+  l->xs_y = take(&c, entries * (size_t)s->hidden * act);
+  l->h = take(&c, entries * (size_t)s->expert_width * act);
+  l->total = c;
+  return MOEJIT_OK;
+}
+
+static moejit_status check_layer_model(const moejit_model *m, const char *op) {
+  if (!m) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: model is NULL", op);
+  if ((m->families & MJ_OPS_LAYER) != MJ_OPS_LAYER)
+    return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                    "%s: this model holds only some kernels of the layer; HINT: "
+                                    "load it with moejit_model_load_config or "
+                                    "moejit_model_load_spec",
+                                    op));
+  return MOEJIT_OK;
+}
+
+moejit_status moejit_moe_workspace_size(const moejit_model *model, int64_t max_tokens,
+                                        size_t *bytes) {
+  const char *op = "moejit_moe_workspace_size";
+  moejit_status st = check_layer_model(model, op);
+  if (st) return st;
+  if (!bytes)
+    return mj_model_fail(model, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", op));
+  if ((st = mj_check_tokens(model, op, max_tokens))) return st;
+  ws_layout l;
+  if ((st = layout_for(model, max_tokens, &l))) return st;
+  *bytes = l.total;
+  return MOEJIT_OK;
+}
+
+double moejit_moe_flops(const moejit_spec *spec, int64_t tokens) {
+  if (!spec || tokens < 1) return 0;
+  return 6.0 * (double)tokens * spec->top_k * (double)spec->hidden * (double)spec->expert_width;
+}
+
+/* ---- forward ------------------------------------------------------------ */
+
+static moejit_status check_pointers(const moejit_model *m, const moejit_moe_args *a) {
+  static const char *op = "moejit_moe_forward";
+  const struct {
+    const char *name;
+    const void *ptr;
+    size_t align;
+    int optional;
+  } fields[] = {{"args->x", a->x, 16, 0},
+                {"args->logits", a->logits, 16, 0},
+                {"args->route_bias", a->route_bias, 16, 1},
+                {"args->w1", a->w1, 16, 0},
+                {"args->w2", a->w2, 16, 0},
+                {"args->out", a->out, 16, 0},
+                {"args->workspace", a->workspace, WS_ALIGN, 0},
+                {"args->topk_ids", a->topk_ids, 4, 1},
+                {"args->topk_weights", a->topk_weights, 4, 1}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(fields); i++) {
+    moejit_status st = fields[i].optional
+                           ? mj_check_opt_ptr(m, op, fields[i].name, fields[i].ptr, fields[i].align)
+                           : mj_check_ptr(m, op, fields[i].name, fields[i].ptr, fields[i].align);
+    if (st) return st;
+  }
+  return MOEJIT_OK;
+}
+
+/* Everything a launch could refuse, checked before the first launch so a
+ * bad argument enqueues nothing. */
+static moejit_status check_forward(const moejit_model *m, const moejit_moe_args *a, ws_layout *l) {
+  static const char *op = "moejit_moe_forward";
+  moejit_status st = check_layer_model(m, op);
+  if (st) return st;
+  if (!a) return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: args is NULL", op));
+  if ((st = mj_check_tokens(m, op, a->tokens)) || (st = check_pointers(m, a))) return st;
+  if ((st = layout_for(m, a->tokens, l))) return st;
+  if (a->workspace_bytes < l->total)
+    return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                    "%s: args->workspace_bytes = %zu, but %lld tokens need %zu; "
+                                    "HINT: size it with moejit_moe_workspace_size",
+                                    op, a->workspace_bytes, (long long)a->tokens, l->total));
+  const int64_t rows = a->tokens * m->spec.top_k;
+  mj_gemm_plan plan;
+  for (int which = 1; which <= 2; which++)
+    if ((st = mj_gemm_plan_make_for(&m->spec, which, MOEJIT_GEMM_PATH_AUTO, rows,
+                                    mj_ctx_arch(m->ctx), &plan)))
+      return mj_model_fail(m, mj_fail_prefix(st, "%s", op));
+  return MOEJIT_OK;
+}
+
+#define AT(base, off) ((void *)((char *)(base) + (off)))
+
+static moejit_status launch_route_align(const moejit_model *m, const moejit_moe_args *a,
+                                        const ws_layout *l, int32_t *ids, float *weights,
+                                        moejit_stream stream) {
+  moejit_route_args r = {.tokens = a->tokens,
+                         .logits = a->logits,
+                         .bias = a->route_bias,
+                         .topk_ids = ids,
+                         .topk_weights = weights};
+  moejit_status st = moejit_route(m, &r, stream);
+  if (st) return st;
+  void *ws = a->workspace;
+  moejit_align_args g = {.tokens = a->tokens,
+                         .topk_ids = ids,
+                         .x = a->x,
+                         .xs = AT(ws, l->xs_y),
+                         .expert_counts = AT(ws, l->counts),
+                         .expert_offsets = AT(ws, l->offsets),
+                         .sorted_slot = AT(ws, l->sorted_slot),
+                         .row_of = AT(ws, l->row_of),
+                         .tile_expert = AT(ws, l->tile_expert),
+                         .tile_row_start = AT(ws, l->tile_row_start),
+                         .num_tiles = AT(ws, l->num_tiles),
+                         .workspace = AT(ws, l->align_ws),
+                         .workspace_bytes = l->align_bytes};
+  return moejit_align(m, &g, stream);
+}
+
+static moejit_status launch_gemms(const moejit_model *m, const moejit_moe_args *a,
+                                  const ws_layout *l, moejit_stream stream) {
+  void *ws = a->workspace;
+  const int32_t *offsets = AT(ws, l->offsets);
+  const int64_t rows = a->tokens * m->spec.top_k;
+  moejit_gemm_args g1 = {.a = AT(ws, l->xs_y),
+                         .w = a->w1,
+                         .out = AT(ws, l->h),
+                         .expert_offsets = offsets,
+                         .max_rows = rows};
+  moejit_status st = moejit_gemm1_swiglu(m->ctx, &m->spec, &g1, stream);
+  if (st) return st;
+  moejit_gemm_args g2 = {.a = AT(ws, l->h),
+                         .w = a->w2,
+                         .out = AT(ws, l->xs_y), /* y over xs, which GEMM 1 consumed */
+                         .expert_offsets = offsets,
+                         .row_scale = NULL, /* top-k weights go in combine */
+                         .max_rows = rows};
+  return moejit_gemm2(m->ctx, &m->spec, &g2, stream);
+}
+
+moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_args *args,
+                                 moejit_stream stream) {
+  ws_layout l;
+  moejit_status st = check_forward(model, args, &l);
+  if (st) return st;
+  void *ws = args->workspace;
+  int32_t *ids = args->topk_ids ? args->topk_ids : AT(ws, l.ids);
+  float *weights = args->topk_weights ? args->topk_weights : AT(ws, l.weights);
+  if ((st = launch_route_align(model, args, &l, ids, weights, stream))) return st;
+  if ((st = launch_gemms(model, args, &l, stream))) return st;
+  moejit_combine_args c = {.tokens = args->tokens,
+                           .y = AT(ws, l.xs_y),
+                           .row_of = AT(ws, l.row_of),
+                           .weights = weights,
+                           .out = args->out};
+  return moejit_combine(model, &c, stream);
+}

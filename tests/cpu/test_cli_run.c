@@ -1,0 +1,155 @@
+/* `moejit run` without a GPU (MOEJIT_LIBCUDA_PATH pointing nowhere, so the
+ * test holds on the GPU machine too): exit 0, says no GPU and that nothing
+ * ran, compiles every kernel into --cache-dir, a second run is all cache
+ * hits, --json is one valid object, usage errors exit 2 naming the culprit;
+ * and the layer API's argument checks, which need no driver. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moejit/moejit.h"
+#include "test_support.h"
+
+#define NO_LIBCUDA "MOEJIT_LIBCUDA_PATH=/nonexistent/libcuda.so.1"
+
+static const char *const no_gpu_env[] = {NO_LIBCUDA, NULL};
+
+static int run_cli(const char *const *args, char **out, char **err) {
+  return ts_run_cli(args, no_gpu_env, out, err);
+}
+
+/* The number of layer kernel families (route, align, gemm1, gemm2, combine). */
+static int family_count(void) {
+  int n = 0;
+  for (const char *const *f = moejit_kernel_families(); *f; f++) n++;
+  return n;
+}
+
+Test(cli_run, no_gpu_compiles_every_kernel_then_hits_the_cache) {
+  char *dir = ts_mkdtemp("cli-run");
+  char *out = NULL, *err = NULL;
+  const char *args[] = {"run", "--preset", "olmoe-1b-7b", "--cache-dir", dir, NULL};
+  int rc = run_cli(args, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
+  cr_expect(strstr(out, "no GPU") != NULL, "stdout: %s", out);
+  cr_expect(strstr(out, "nothing ran") != NULL, "stdout: %s", out);
+  cr_expect(strstr(out, "/nonexistent/libcuda.so.1") != NULL, "the reason names the driver: %s",
+            out);
+  cr_expect(strstr(out, "sm_90a") != NULL, "stdout: %s", out);
+  cr_expect_eq(ts_count_substr(out, " miss "), family_count(), "stdout: %s", out);
+  cr_expect_geq(ts_count_files(dir, NULL), family_count(), "cache files in %s", dir);
+  free(out);
+  free(err);
+
+  const char *again[] = {"run", "--preset", "olmoe-1b-7b", "--cache-dir", dir, "--json", NULL};
+  rc = run_cli(again, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstderr: %s", rc, err);
+  cr_expect(ts_json_valid(out), "not one JSON value: %s", out);
+  cr_expect(strstr(out, "\"gpu\":false") != NULL, "json: %s", out);
+  cr_expect(strstr(out, "\"ran\":false") != NULL, "json: %s", out);
+  char want[64];
+  snprintf(want, sizeof want, "\"cache_hits\":%d,\"compiled\":0", family_count());
+  cr_expect(strstr(out, want) != NULL, "second run should be all hits (%s): %s", want, out);
+  cr_expect_eq(ts_count_substr(out, "\"cache_hit\":true"), family_count(), "json: %s", out);
+  free(out);
+  free(err);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(cli_run, config_file_argument) {
+  char *dir = ts_mkdtemp("cli-run-file");
+  char path[1100];
+  snprintf(path, sizeof path, "%s/configs/models/qwen3-30b-a3b.yaml", MOEJIT_TEST_SOURCE_DIR);
+  char *out = NULL;
+  const char *args[] = {"run", path, "--cache-dir", dir, "--json", "--tokens", "1,7", NULL};
+  int rc = run_cli(args, &out, NULL);
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, out);
+  cr_expect(ts_json_valid(out), "json: %s", out);
+  cr_expect(strstr(out, "\"config\":\"qwen3-30b-a3b\"") != NULL, "json: %s", out);
+  free(out);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(cli_run, bad_preset_exits_2_naming_it) {
+  char *err = NULL;
+  const char *args[] = {"run", "--preset", "no-such-model", NULL};
+  int rc = run_cli(args, NULL, &err);
+  cr_expect_eq(rc, 2, "exit %d: %s", rc, err);
+  cr_expect(strstr(err, "no-such-model") != NULL, "stderr: %s", err);
+  free(err);
+}
+
+Test(cli_run, usage_errors_exit_2) {
+  const char *bad_tokens[] = {"run", "--tokens", "1,zero", NULL};
+  const char *zero_tokens[] = {"run", "--tokens", "0", NULL};
+  const char *bad_iters[] = {"run", "--iters", "-3", NULL};
+  const char *unknown[] = {"run", "--frobnicate", NULL};
+  const char *two_configs[] = {"run", "a.yaml", "b.yaml", NULL};
+  const char *const *cases[] = {bad_tokens, zero_tokens, bad_iters, unknown, two_configs};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *err = NULL;
+    int rc = run_cli(cases[i], NULL, &err);
+    cr_expect_eq(rc, 2, "moejit %s %s: exit %d: %s", cases[i][1], cases[i][2] ? cases[i][2] : "",
+                 rc, err);
+    cr_expect(err && *err, "moejit %s: no message", cases[i][1]);
+    free(err);
+  }
+}
+
+Test(cli_run, help_and_listing) {
+  char *out = NULL;
+  const char *help[] = {"run", "--help", NULL};
+  cr_assert_eq(run_cli(help, &out, NULL), 0);
+  cr_expect(strstr(out, "--tokens") && strstr(out, "--iters") && strstr(out, "floor"), "%s", out);
+  free(out);
+  const char *top[] = {"--help", NULL};
+  cr_assert_eq(run_cli(top, &out, NULL), 0);
+  cr_expect(strstr(out, "run [CONFIG") != NULL, "moejit --help lists run: %s", out);
+  free(out);
+}
+
+/* ---- the layer API without a driver --------------------------------------- */
+
+static void no_driver(void) {
+  setenv("MOEJIT_LIBCUDA_PATH", "/nonexistent/libcuda.so.1", 1);
+}
+
+Test(layer_api_nodriver, null_arguments_are_refused, .init = no_driver) {
+  moejit_model *m = (moejit_model *)(uintptr_t)0x1;
+  cr_expect_eq(moejit_model_load_config(NULL, "qwen3-30b-a3b", NULL, &m),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_null(m, "out is reset on failure");
+  cr_expect(strstr(moejit_last_error(), "ctx") != NULL, "%s", moejit_last_error());
+  cr_expect_eq(moejit_model_load_spec(NULL, NULL, NULL, &m), MOEJIT_ERR_INVALID_ARGUMENT);
+
+  moejit_moe_args args = {0};
+  cr_expect_eq(moejit_moe_forward(NULL, &args, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "model") != NULL, "%s", moejit_last_error());
+  size_t bytes = 0;
+  cr_expect_eq(moejit_moe_workspace_size(NULL, 16, &bytes), MOEJIT_ERR_INVALID_ARGUMENT);
+  moejit_load_report r;
+  cr_expect_eq(moejit_model_load_report(NULL, &r), MOEJIT_ERR_INVALID_ARGUMENT);
+
+  moejit_graph *g = (moejit_graph *)(uintptr_t)0x1;
+  cr_expect_eq(moejit_graph_begin_capture(NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_graph_end_capture(NULL, NULL, &g), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_graph_launch(NULL, NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  moejit_graph_destroy(NULL, NULL); /* no-op */
+}
+
+Test(layer_api_nodriver, flops_formula) {
+  moejit_spec s;
+  cr_assert_eq(moejit_spec_load_preset("qwen3-30b-a3b", &s), MOEJIT_OK, "%s", moejit_last_error());
+  /* two GEMMs: 2*T*k*d*2f + 2*T*k*f*d */
+  const double want = 6.0 * 256 * 8 * 2048 * 768;
+  cr_expect_eq(moejit_moe_flops(&s, 256), want);
+  cr_expect_eq(moejit_moe_flops(&s, 0), 0);
+  cr_expect_eq(moejit_moe_flops(NULL, 5), 0);
+  moejit_load_opts o;
+  memset(&o, 0xab, sizeof o);
+  moejit_load_opts_init(&o);
+  cr_expect_null(o.report);
+}

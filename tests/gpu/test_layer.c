@@ -1,0 +1,430 @@
+/* The whole MoE layer (moejit_moe_forward) on the GPU against the float64
+ * reference (ref_layer.c, ref_route.c): all four presets at their full size
+ * (deepseek-v3's 22 GB of weights are filled on the GPU) at T in {1, 7,
+ * 256, 2048}, a sample of tokens checked at large T, every output element
+ * written (poisoned before each run); CUDA-graph capture + replay bitwise
+ * equal to eager; two models in one ctx; bad arguments refused with nothing
+ * enqueued; and what the load report says. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layer_gpu.h"
+#include "ops/ops.h"
+#include "ops_gpu.h"
+#include "ref_dtype.h"
+#include "ref_gemm.h"
+#include "ref_layer.h"
+#include "ref_route.h"
+#include "runtime/runtime.h"
+
+#define LAYER_RTOL 1e-2  /* bf16 activations and outputs */
+#define WEIGHT_RTOL 1e-5 /* routing weights, fp32 vs float64 */
+#define NEAR_TIE 4e-6    /* route decisions this close may legitimately differ */
+#define SAMPLES 6        /* tokens checked when T > 8 */
+
+static const int64_t kTokens[] = {1, 7, 256, 2048};
+
+/* One model's inputs for up to max_tokens tokens, device and host. */
+typedef struct layer_io {
+  moejit_model *model;
+  const moejit_spec *spec;
+  int64_t max_tokens;
+  lg_weights w;
+  lg_periodic px; /* x is periodic too */
+  float *logits;  /* host [T, E] as the GPU reads them */
+  float *bias;    /* host [E] (sigmoid rule) or NULL */
+  void *d_x, *d_logits, *d_bias, *d_out, *d_ws, *d_ids, *d_weights;
+  size_t ws_bytes;
+} layer_io;
+
+static moejit_model *load(const char *config, moejit_load_report *r) {
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.report = r;
+  moejit_model *m = NULL;
+  OPS_OK(moejit_model_load_config(ops_ctx(), config, &o, &m));
+  cr_assert_eq(r->n_kernels, 5, "a layer has 5 kernel families, report says %d", r->n_kernels);
+  cr_assert_eq(r->cache_hits + r->cache_misses, 5);
+  for (int i = 0; i < r->n_kernels; i++) cr_expect_str_eq(r->kernels[i].config_source, "heuristic");
+  return m;
+}
+
+static void io_make(layer_io *io, moejit_model *m, int64_t max_tokens, ts_rng *rng) {
+  memset(io, 0, sizeof *io);
+  const moejit_spec *s = moejit_model_spec(m);
+  io->model = m, io->spec = s, io->max_tokens = max_tokens;
+  lg_weights_make(&io->w, s, rng);
+  lg_periodic_make(&io->px, s->act_dtype, 1.0, rng);
+  const size_t n_logits = (size_t)max_tokens * s->experts, lsz = moejit_dtype_size(s->logits_dtype);
+  io->logits = malloc(sizeof(float) * n_logits);
+  void *packed = malloc(lsz * n_logits);
+  cr_assert(io->logits && packed);
+  for (size_t i = 0; i < n_logits; i++) io->logits[i] = 2.0f * ts_normal(rng);
+  ref_pack(s->logits_dtype, io->logits, packed, n_logits);
+  ref_unpack(s->logits_dtype, packed, io->logits, n_logits); /* what the GPU reads */
+  io->d_logits = ops_alloc(lsz * n_logits);
+  ops_upload(io->d_logits, packed, lsz * n_logits);
+  free(packed);
+  if (s->routing.rule == MOEJIT_ROUTE_SIGMOID_GROUPED_TOPK) {
+    io->bias = malloc(sizeof(float) * (size_t)s->experts);
+    cr_assert(io->bias);
+    for (int e = 0; e < s->experts; e++) io->bias[e] = (float)ts_uniform(rng, -0.2, 0.2);
+    io->d_bias = ops_alloc(sizeof(float) * (size_t)s->experts);
+    ops_upload(io->d_bias, io->bias, sizeof(float) * (size_t)s->experts);
+  }
+  const size_t xd = (size_t)max_tokens * (size_t)s->hidden;
+  io->d_x = ops_alloc(xd * moejit_dtype_size(s->act_dtype));
+  lg_periodic_fill(&io->px, io->d_x, xd);
+  io->d_out = ops_alloc(xd * moejit_dtype_size(s->out_dtype));
+  io->d_ids = ops_alloc((size_t)max_tokens * s->top_k * 4);
+  io->d_weights = ops_alloc((size_t)max_tokens * s->top_k * 4);
+  OPS_OK(moejit_moe_workspace_size(m, max_tokens, &io->ws_bytes));
+  io->d_ws = ops_alloc(io->ws_bytes);
+}
+
+static void io_free(layer_io *io) {
+  void *d[] = {io->d_x, io->d_logits, io->d_bias, io->d_out, io->d_ws, io->d_ids, io->d_weights};
+  for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) ops_free(d[i]);
+  lg_weights_free(&io->w);
+  lg_periodic_free(&io->px);
+  free(io->logits);
+  free(io->bias);
+}
+
+static moejit_moe_args io_args(const layer_io *io, int64_t tokens) {
+  moejit_moe_args a = {.tokens = tokens,
+                       .x = io->d_x,
+                       .logits = io->d_logits,
+                       .route_bias = io->d_bias,
+                       .w1 = io->w.d_w1,
+                       .w2 = io->w.d_w2,
+                       .out = io->d_out,
+                       .workspace = io->d_ws,
+                       .workspace_bytes = io->ws_bytes,
+                       .topk_ids = io->d_ids,
+                       .topk_weights = io->d_weights};
+  return a;
+}
+
+static size_t out_bytes(const layer_io *io, int64_t tokens) {
+  return (size_t)tokens * (size_t)io->spec->hidden * moejit_dtype_size(io->spec->out_dtype);
+}
+
+/* Poisons every output, runs the forward on `stream`, downloads. */
+static void run_eager(const layer_io *io, int64_t tokens, moejit_stream stream, void *out,
+                      int32_t *ids, float *weights) {
+  const size_t nk = (size_t)tokens * io->spec->top_k;
+  ops_poison(io->d_out, out_bytes(io, tokens), OPS_POISON_NAN);
+  ops_poison(io->d_ids, nk * 4, OPS_POISON_INT);
+  ops_poison(io->d_weights, nk * 4, OPS_POISON_NAN);
+  ops_sync();
+  moejit_moe_args a = io_args(io, tokens);
+  OPS_OK(moejit_moe_forward(io->model, &a, stream));
+  OPS_OK(moejit_stream_synchronize(ops_ctx(), stream));
+  ops_download(out, io->d_out, out_bytes(io, tokens));
+  if (ids) ops_download(ids, io->d_ids, nk * 4);
+  if (weights) ops_download(weights, io->d_weights, nk * 4);
+}
+
+static ref_route_cfg route_cfg(const moejit_spec *s) {
+  ref_route_cfg c = {.experts = s->experts,
+                     .top_k = s->top_k,
+                     .rule = (int)s->routing.rule,
+                     .renormalize = s->routing.renormalize,
+                     .n_group = s->routing.rule ? s->routing.n_group : 1,
+                     .topk_group = s->routing.rule ? s->routing.topk_group : 1,
+                     .scaling_factor = s->routing.scaling_factor};
+  return c;
+}
+
+/* The GPU's routing of token t against the reference: same ids (unless the
+ * reference flags a near-tie) and weights within WEIGHT_RTOL. */
+static void check_route_token(const layer_io *io, int64_t t, const int32_t *ids, const float *w,
+                              const char *what) {
+  const ref_route_cfg c = route_cfg(io->spec);
+  int ref_ids[32];
+  double ref_w[32];
+  const double margin = ref_route_token(&c, io->logits + t * c.experts, io->bias, ref_ids, ref_w);
+  int differ = -1;
+  for (int j = c.top_k - 1; j >= 0; j--)
+    if (ref_ids[j] != ids[j]) differ = j;
+  if (differ >= 0) {
+    cr_assert(margin <= NEAR_TIE,
+              "%s: token %lld: GPU chose expert %d in slot %d, reference %d (margin %.3g)", what,
+              (long long)t, ids[differ], differ, ref_ids[differ], margin);
+    int gpu_ids[32];
+    for (int j = 0; j < c.top_k; j++) gpu_ids[j] = ids[j];
+    ref_route_weights(&c, io->logits + t * c.experts, gpu_ids, ref_w);
+  }
+  for (int j = 0; j < c.top_k; j++)
+    cr_assert(fabs(w[j] - ref_w[j]) <= WEIGHT_RTOL * fabs(ref_w[j]) + 1e-12,
+              "%s: token %lld slot %d: weight %.9g, reference %.9g", what, (long long)t, j, w[j],
+              ref_w[j]);
+}
+
+static void pick_samples(int64_t tokens, ts_rng *rng, int64_t *tok, size_t *n) {
+  if (tokens <= 8) {
+    for (int64_t t = 0; t < tokens; t++) tok[t] = t;
+    *n = (size_t)tokens;
+    return;
+  }
+  tok[0] = 0, tok[1] = tokens - 1;
+  for (int i = 2; i < SAMPLES; i++) tok[i] = 1 + (int64_t)(ts_next(rng) % (uint64_t)(tokens - 2));
+  *n = SAMPLES;
+}
+
+/* Checks a forward's output: every element written and finite, routing of
+ * the sampled tokens, and their rows against the layer reference. */
+static void check_output(const layer_io *io, int64_t tokens, const void *out, const int32_t *ids,
+                         const float *w, ts_rng *rng, const char *what) {
+  const moejit_spec *s = io->spec;
+  const size_t d = (size_t)s->hidden, k = (size_t)s->top_k, as = moejit_dtype_size(s->act_dtype);
+  float *row = malloc(sizeof(float) * d);
+  cr_assert(row);
+  for (int64_t t = 0; t < tokens; t++) {
+    ref_unpack(s->out_dtype, (const char *)out + (size_t)t * d * moejit_dtype_size(s->out_dtype),
+               row, d);
+    for (size_t c = 0; c < d; c++)
+      cr_assert(isfinite(row[c]), "%s: out[%lld, %zu] = %g (poison left or overflow)", what,
+                (long long)t, c, row[c]);
+  }
+  free(row);
+  int64_t tok[SAMPLES > 8 ? SAMPLES : 8];
+  size_t n = 0;
+  pick_samples(tokens, rng, tok, &n);
+  void *x = malloc(as * d * n);
+  int32_t *sid = malloc(sizeof(int32_t) * k * n);
+  float *sw = malloc(sizeof(float) * k * n);
+  double *ref = malloc(sizeof(double) * d * n);
+  void *got = malloc(moejit_dtype_size(s->out_dtype) * d * n);
+  cr_assert(x && sid && sw && ref && got);
+  for (size_t i = 0; i < n; i++) {
+    check_route_token(io, tok[i], ids + tok[i] * k, w + tok[i] * k, what);
+    lg_periodic_read(&io->px, (size_t)tok[i] * d, d, (char *)x + i * d * as);
+    memcpy(sid + i * k, ids + tok[i] * k, sizeof(int32_t) * k);
+    memcpy(sw + i * k, w + tok[i] * k, sizeof(float) * k);
+    const size_t ob = moejit_dtype_size(s->out_dtype) * d;
+    memcpy((char *)got + i * ob, (const char *)out + (size_t)tok[i] * ob, ob);
+  }
+  ref_layer_shape shape = ref_layer_shape_of(s);
+  ref_layer_tokens(&shape, (int64_t)n, x, sid, sw, lg_weights_fetch, (void *)&io->w, ref);
+  const double err = ref_gemm_rel_error(s->out_dtype, got, ref, d * n);
+  cr_assert(err <= LAYER_RTOL, "%s: T=%lld: relative error %.3g over %zu sampled tokens (> %g)",
+            what, (long long)tokens, err, n, LAYER_RTOL);
+  free(x), free(sid), free(sw), free(ref), free(got);
+}
+
+/* ---- the four presets against the reference -------------------------------- */
+
+static void check_preset(const char *preset) {
+  OPS_REQUIRE_GPU();
+  ts_rng rng = ts_rng_fresh(preset);
+  moejit_load_report r;
+  moejit_model *m = load(preset, &r);
+  layer_io io;
+  io_make(&io, m, kTokens[sizeof kTokens / sizeof kTokens[0] - 1], &rng);
+  const moejit_spec *s = io.spec;
+  void *out = malloc(out_bytes(&io, io.max_tokens));
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)io.max_tokens * s->top_k);
+  float *w = malloc(sizeof(float) * (size_t)io.max_tokens * s->top_k);
+  cr_assert(out && ids && w);
+  for (size_t i = 0; i < sizeof kTokens / sizeof kTokens[0]; i++) {
+    run_eager(&io, kTokens[i], NULL, out, ids, w);
+    check_output(&io, kTokens[i], out, ids, w, &rng, preset);
+  }
+  free(out), free(ids), free(w);
+  io_free(&io);
+  moejit_model_destroy(m);
+}
+
+Test(layer, qwen3_30b_a3b_matches_reference) {
+  check_preset("qwen3-30b-a3b");
+}
+Test(layer, olmoe_1b_7b_matches_reference) {
+  check_preset("olmoe-1b-7b");
+}
+Test(layer, mixtral_8x7b_matches_reference) {
+  check_preset("mixtral-8x7b");
+}
+Test(layer, deepseek_v3_matches_reference) {
+  check_preset("deepseek-v3");
+}
+
+/* ---- graph capture ------------------------------------------------------------ */
+
+Test(layer, graph_replay_equals_eager_bitwise) {
+  OPS_REQUIRE_GPU();
+  ts_rng rng = ts_rng_fresh("layer graph");
+  moejit_load_report r;
+  moejit_model *m = load("olmoe-1b-7b", &r);
+  layer_io io;
+  io_make(&io, m, 256, &rng);
+  moejit_ctx *ctx = ops_ctx();
+  moejit_stream stream = NULL;
+  OPS_OK(moejit_stream_create(ctx, &stream));
+  const unsigned long loads_before = mj_ctx_module_loads(ctx);
+  const int64_t sizes[] = {1, 256};
+  for (size_t i = 0; i < 2; i++) {
+    const int64_t t = sizes[i];
+    const size_t bytes = out_bytes(&io, t);
+    void *eager = malloc(bytes), *replay = malloc(bytes);
+    cr_assert(eager && replay);
+    run_eager(&io, t, stream, eager, NULL, NULL);
+    moejit_moe_args a = io_args(&io, t);
+    moejit_graph *g = NULL;
+    OPS_OK(moejit_graph_begin_capture(ctx, stream));
+    moejit_status fwd = moejit_moe_forward(m, &a, stream);
+    OPS_OK(moejit_graph_end_capture(ctx, stream, &g));
+    cr_assert_eq(fwd, MOEJIT_OK, "forward inside a capture: %s", moejit_last_error());
+    for (int rep = 0; rep < 3; rep++) {
+      ops_poison(io.d_out, bytes, OPS_POISON_NAN);
+      ops_sync();
+      OPS_OK(moejit_graph_launch(ctx, g, stream));
+      OPS_OK(moejit_stream_synchronize(ctx, stream));
+      ops_download(replay, io.d_out, bytes);
+      cr_assert(memcmp(eager, replay, bytes) == 0, "T=%lld replay %d differs from eager",
+                (long long)t, rep);
+    }
+    moejit_graph_destroy(ctx, g);
+    free(eager), free(replay);
+  }
+  cr_expect_eq(mj_ctx_module_loads(ctx), loads_before, "the forward loaded a module");
+  OPS_OK(moejit_stream_destroy(ctx, stream));
+  io_free(&io);
+  moejit_model_destroy(m);
+}
+
+Test(layer, capture_needs_a_real_stream) {
+  OPS_REQUIRE_GPU();
+  cr_expect_eq(moejit_graph_begin_capture(ops_ctx(), NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "stream") != NULL, "%s", moejit_last_error());
+}
+
+/* ---- two models, reload, report ------------------------------------------------ */
+
+Test(layer, two_models_in_one_ctx) {
+  OPS_REQUIRE_GPU();
+  ts_rng rng = ts_rng_fresh("layer two models");
+  moejit_load_report ra, rb, again;
+  moejit_model *a = load("qwen3-30b-a3b", &ra), *b = load("olmoe-1b-7b", &rb);
+  layer_io ia, ib;
+  io_make(&ia, a, 7, &rng);
+  io_make(&ib, b, 7, &rng);
+  void *out = malloc(out_bytes(&ia, 7) + out_bytes(&ib, 7));
+  int32_t ids[7 * 8];
+  float w[7 * 8];
+  cr_assert(out);
+  for (int round = 0; round < 2; round++) { /* interleaved, twice */
+    run_eager(&ia, 7, NULL, out, ids, w);
+    check_output(&ia, 7, out, ids, w, &rng, "qwen3 beside olmoe");
+    run_eager(&ib, 7, NULL, out, ids, w);
+    check_output(&ib, 7, out, ids, w, &rng, "olmoe beside qwen3");
+  }
+  /* Loading the same config again in this ctx: every kernel from the
+   * compiler's memory or disk, no new module. */
+  const unsigned long loads = mj_ctx_module_loads(ops_ctx());
+  moejit_model *a2 = load("qwen3-30b-a3b", &again);
+  cr_expect_eq(again.cache_hits, 5, "reload: %d hits", again.cache_hits);
+  cr_expect_eq(mj_ctx_module_loads(ops_ctx()), loads, "reload loaded a module");
+  cr_expect_str_eq(again.origin, "preset:qwen3-30b-a3b");
+  moejit_load_report copy;
+  OPS_OK(moejit_model_load_report(a2, &copy));
+  cr_expect_eq(copy.cache_hits, again.cache_hits);
+  moejit_model_destroy(a2);
+  free(out);
+  io_free(&ia);
+  io_free(&ib);
+  moejit_model_destroy(a);
+  moejit_model_destroy(b);
+}
+
+/* ---- refused arguments ----------------------------------------------------------- */
+
+static void expect_refused(const moejit_model *m, const moejit_moe_args *a, const char *field,
+                           const layer_io *io) {
+  ops_poison(io->d_out, out_bytes(io, 7), OPS_POISON_NAN);
+  ops_sync();
+  moejit_status st = moejit_moe_forward(m, a, NULL);
+  cr_expect_eq(st, MOEJIT_ERR_INVALID_ARGUMENT, "%s: status %d", field, st);
+  cr_expect(strstr(moejit_last_error(), field) != NULL, "message should name %s: %s", field,
+            moejit_last_error());
+  ops_sync();
+  void *out = malloc(out_bytes(io, 7));
+  cr_assert(out);
+  ops_download(out, io->d_out, out_bytes(io, 7));
+  cr_expect(ops_all_words(out, out_bytes(io, 7), OPS_POISON_NAN), "%s: something ran", field);
+  free(out);
+}
+
+Test(layer, bad_arguments_are_refused_before_launching) {
+  OPS_REQUIRE_GPU();
+  ts_rng rng = ts_rng_fresh("layer bad args");
+  moejit_load_report r;
+  moejit_model *m = load("olmoe-1b-7b", &r);
+  layer_io io;
+  io_make(&io, m, 7, &rng);
+  const moejit_moe_args good = io_args(&io, 7);
+  moejit_moe_args a;
+#define REFUSE(field, change) (a = good, (change), expect_refused(m, &a, field, &io))
+  REFUSE("x", a.x = NULL);
+  REFUSE("logits", a.logits = NULL);
+  REFUSE("w1", a.w1 = NULL);
+  REFUSE("w2", a.w2 = NULL);
+  REFUSE("out", a.out = (char *)a.out + 2);
+  REFUSE("route_bias", a.route_bias = (const float *)((const char *)io.d_x + 4));
+  REFUSE("topk_ids", a.topk_ids = (int32_t *)((char *)a.topk_ids + 1));
+  REFUSE("workspace", a.workspace = NULL);
+  REFUSE("workspace_bytes", a.workspace_bytes = 16);
+  REFUSE("tokens", a.tokens = 0);
+  REFUSE("tokens", a.tokens = (int64_t)INT32_MAX);
+  REFUSE("workspace_bytes", a.tokens = 8); /* sized for 7 */
+#undef REFUSE
+  /* A model without the GEMM kernels cannot run the layer. */
+  moejit_model *partial = NULL;
+  OPS_OK(moejit_model_load(ops_ctx(), moejit_model_spec(m), &partial));
+  expect_refused(partial, &good, "moejit_model_load_config", &io);
+  size_t bytes = 0;
+  cr_expect_eq(moejit_moe_workspace_size(partial, 7, &bytes), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_moe_workspace_size(m, 0, &bytes), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_moe_forward(m, NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  moejit_model_destroy(partial);
+  io_free(&io);
+  moejit_model_destroy(m);
+}
+
+Test(layer, workspace_grows_with_tokens) {
+  OPS_REQUIRE_GPU();
+  moejit_load_report r;
+  moejit_model *m = load("qwen3-30b-a3b", &r);
+  size_t prev = 0;
+  for (int64_t t = 1; t <= 70000; t = t * 3 + 1) {
+    size_t bytes = 0;
+    OPS_OK(moejit_moe_workspace_size(m, t, &bytes));
+    cr_expect_geq(bytes, prev, "T=%lld: %zu < %zu", (long long)t, bytes, prev);
+    /* at least the permuted rows and h */
+    cr_expect_geq(bytes, (size_t)t * 8 * (2048 + 768) * 2);
+    prev = bytes;
+  }
+  moejit_model_destroy(m);
+}
+
+Test(layer, config_file_and_unknown_name) {
+  OPS_REQUIRE_GPU();
+  char path[1100];
+  snprintf(path, sizeof path, "%s/configs/models/olmoe-1b-7b.yaml", MOEJIT_TEST_SOURCE_DIR);
+  moejit_load_report r;
+  moejit_model *m = load(path, &r);
+  cr_expect_str_eq(r.origin, path);
+  cr_expect_str_eq(moejit_model_spec(m)->name, "olmoe-1b-7b");
+  moejit_model_destroy(m);
+  moejit_model *none = NULL;
+  cr_expect_eq(moejit_model_load_config(ops_ctx(), "no-such-model", NULL, &none),
+               MOEJIT_ERR_NOT_FOUND);
+  cr_expect(strstr(moejit_last_error(), "no-such-model") != NULL, "%s", moejit_last_error());
+  cr_expect_eq(moejit_model_load_config(ops_ctx(), "/nonexistent/x.yaml", NULL, &none),
+               MOEJIT_ERR_IO);
+  cr_expect_null(none);
+}
