@@ -11,12 +11,17 @@
 //
 // Entries: moejit_gemm1_swiglu_mma (tensor cores; fp16/bf16 with act = weight
 // dtype and d, f multiples of 8) and moejit_gemm1_swiglu_simt (any dtypes;
-// the reference). Both take (A, W1, h, offsets [E+1] int32, max_rows).
+// the reference) take (A, W1, h, offsets [E+1] int32, max_rows).
+// moejit_gemm1_swiglu_wgmma and _wgmma_narrow (sm_90a only; the narrow one
+// is a 64 x 64-B-row tile for decode) take (TMA map of A, TMA map of W1, h,
+// offsets, max_rows); their B tile is the gate box then the up box of the
+// same h columns, so acc columns j and j + kTN/2 pair up in one thread.
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"
 #include "common/gemm_epilogue.cuh"
 #include "common/gemm_simt.cuh"
+#include "common/gemm_wgmma.cuh"
 
 typedef mj_gemm_shape<kTileM, kTileN, kTileK, kStages, kWarps> Gemm1Shape;
 static constexpr int kG1HalfN = kTileN / 2; // h columns per n-tile
@@ -101,4 +106,62 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
     const float gate = mj_gemm_dot<kHidden>(x, gate_w), up = mj_gemm_dot<kHidden>(x, up_w);
     mj_store1(h + (long long)row * kExpertWidth + col, mj_silu(gate) * up);
   });
+}
+
+// ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
+
+typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages> Gemm1Wg;
+typedef mj_wg_shape<64, 64, 64, 8> Gemm1WgNarrow;
+
+template <class S>
+__device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ h,
+                                               const int *__restrict__ offsets, int max_rows) {
+#if MJ_WGMMA_AVAILABLE
+  if constexpr (!kG1Mma || !S::kFits) {
+    __trap(); // the host launches another entry for these dtypes/tiles
+  } else {
+    mj_wg_check_smem<S>();
+    constexpr int kHalf = S::kTN / 2; // h columns per n-tile
+    constexpr int kNTiles = (kExpertWidth + kHalf - 1) / kHalf;
+    mj_gemm_tile t;
+    if (!mj_gemm_find_tile<S::kTM, S::kThreads, kExperts, kRaster>(offsets, max_rows, kNTiles, &t))
+      return;
+    const int h_col0 = t.n_tile * kHalf;
+    const int w_gate = t.expert * 2 * kExpertWidth + h_col0; // first gate row in W1 [E*2f, d]
+    mj_wg_gemm<S, act_t, kHidden, true>(
+        ta, tw, t.row0, w_gate, w_gate + kExpertWidth, [&](float (&acc)[S::kMB][S::kAcc], int c) {
+#pragma unroll
+          for (int mb = 0; mb < S::kMB; ++mb) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int row = t.row0 + S::row(c, mb, half);
+              if (row >= t.row_end) continue; // the next expert's rows, or past max_rows
+              act_t *out = h + (long long)row * kExpertWidth;
+#pragma unroll
+              for (int i = 0; i < kHalf / 8; ++i) {
+                const int col = h_col0 + S::col(i);
+                if (col >= kExpertWidth) continue;
+                const float *g = &acc[mb][4 * i + 2 * half];
+                const float *u = &acc[mb][4 * (i + kHalf / 8) + 2 * half];
+                mj_store2(out + col, mj_silu(g[0]) * u[0], mj_silu(g[1]) * u[1]);
+              }
+            }
+          }
+        });
+  }
+#else
+  __trap(); // not an sm_90a build
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1)
+moejit_gemm1_swiglu_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
+                          act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
+  mj_gemm1_wgmma<Gemm1Wg>(&tmap_a, &tmap_w, h, offsets, max_rows);
+}
+
+extern "C" __global__ void __launch_bounds__(Gemm1WgNarrow::kThreads, 1)
+moejit_gemm1_swiglu_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
+                                 act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
+  mj_gemm1_wgmma<Gemm1WgNarrow>(&tmap_a, &tmap_w, h, offsets, max_rows);
 }

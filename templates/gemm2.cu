@@ -6,12 +6,16 @@
 //
 // Entries: moejit_gemm2_mma (tensor cores; fp16/bf16 with act = weight
 // dtype and d, f multiples of 8) and moejit_gemm2_simt (any dtypes; the
-// reference). Both take (h, W2, y, offsets [E+1] int32, scale, max_rows).
+// reference) take (h, W2, y, offsets [E+1] int32, scale, max_rows).
+// moejit_gemm2_wgmma and _wgmma_narrow (sm_90a only; the narrow one is a
+// 64 x 64 tile for decode) take (TMA map of h, TMA map of W2, y, offsets,
+// scale, max_rows).
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"
 #include "common/gemm_epilogue.cuh"
 #include "common/gemm_simt.cuh"
+#include "common/gemm_wgmma.cuh"
 
 typedef mj_gemm_shape<kTileM, kTileN, kTileK, kStages, kWarps> Gemm2Shape;
 static constexpr int kG2NTiles = (kHidden + kTileN - 1) / kTileN;
@@ -86,4 +90,62 @@ moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, a
     const float v = mj_gemm_dot<kExpertWidth>(a + (long long)row * kExpertWidth, w_row);
     mj_store1(y + (long long)row * kHidden + col, scale ? scale[row] * v : v);
   });
+}
+
+// ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
+
+typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages> Gemm2Wg;
+typedef mj_wg_shape<64, 64, 64, 8> Gemm2WgNarrow;
+
+template <class S>
+__device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ y,
+                                               const int *__restrict__ offsets, const float *__restrict__ scale,
+                                               int max_rows) {
+#if MJ_WGMMA_AVAILABLE
+  if constexpr (!kG2Mma || !S::kFits) {
+    __trap(); // the host launches another entry for these dtypes/tiles
+  } else {
+    mj_wg_check_smem<S>();
+    constexpr int kNTiles = (kHidden + S::kTN - 1) / S::kTN;
+    mj_gemm_tile t;
+    if (!mj_gemm_find_tile<S::kTM, S::kThreads, kExperts, kRaster>(offsets, max_rows, kNTiles, &t))
+      return;
+    const int n0 = t.n_tile * S::kTN;
+    mj_wg_gemm<S, act_t, kExpertWidth, false>(
+        ta, tw, t.row0, t.expert * kHidden + n0, 0, [&](float (&acc)[S::kMB][S::kAcc], int c) {
+#pragma unroll
+          for (int mb = 0; mb < S::kMB; ++mb) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int row = t.row0 + S::row(c, mb, half);
+              if (row >= t.row_end) continue; // the next expert's rows, or past max_rows
+              const float sc = scale ? __ldg(scale + row) : 1.f;
+              act_t *out = y + (long long)row * kHidden;
+#pragma unroll
+              for (int i = 0; i < S::kTN / 8; ++i) {
+                const int col = n0 + S::col(i);
+                if (col >= kHidden) continue;
+                mj_store2(out + col, sc * acc[mb][4 * i + 2 * half], sc * acc[mb][4 * i + 2 * half + 1]);
+              }
+            }
+          }
+        });
+  }
+#else
+  __trap(); // not an sm_90a build
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(Gemm2Wg::kThreads, 1)
+moejit_gemm2_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
+                   act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
+                   int max_rows) {
+  mj_gemm2_wgmma<Gemm2Wg>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
+}
+
+extern "C" __global__ void __launch_bounds__(Gemm2WgNarrow::kThreads, 1)
+moejit_gemm2_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
+                          act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
+                          int max_rows) {
+  mj_gemm2_wgmma<Gemm2WgNarrow>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }

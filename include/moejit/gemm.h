@@ -50,7 +50,13 @@ typedef enum moejit_gemm_path {
   MOEJIT_GEMM_PATH_MMA = 1,
   /* One thread per output, fp32 sums in k order: slow, any dtypes; the
    * reference the tests compare the tensor-core kernels with. */
-  MOEJIT_GEMM_PATH_SIMT = 2
+  MOEJIT_GEMM_PATH_SIMT = 2,
+  /* Hopper tensor cores (wgmma fed by TMA; the ctx's arch must be sm_90a,
+   * dtypes fp16 or bf16 and equal, d and f multiples of 8, tile_m * tile_n
+   * within the register budget: see docs/gemm.md) or MOEJIT_ERR_UNSUPPORTED
+   * saying why not. AUTO picks it on sm_90a when the environment variable
+   * MOEJIT_GEMM_WGMMA=1 is set (MOEJIT_GEMM_WGMMA=0 forces it off). */
+  MOEJIT_GEMM_PATH_WGMMA = 3
 } moejit_gemm_path;
 
 typedef struct moejit_gemm_args {
@@ -68,8 +74,8 @@ typedef struct moejit_gemm_args {
 
 /* GEMM 1 with SwiGLU: h = silu(a W1_gate^T) * (a W1_up^T) per expert, tiled by
  * spec.gemm1. Errors: INVALID_ARGUMENT (NULL or misaligned pointers,
- * max_rows out of range); UNSUPPORTED (path MMA where it cannot run, or
- * gemm1.warps 12, which the tensor-core kernel does not take yet); COMPILE,
+ * max_rows out of range); UNSUPPORTED (path MMA or WGMMA where it cannot
+ * run, or gemm1.warps 12 where wgmma is not picked); COMPILE,
  * CONFIG, CUDA as moejit_ctx_get_kernel and launches report them. */
 MOEJIT_API moejit_status moejit_gemm1_swiglu(moejit_ctx *ctx, const moejit_spec *spec,
                                              const moejit_gemm_args *args, moejit_stream stream);

@@ -9,7 +9,7 @@
 typedef struct mj_gemm_plan {
   const char *family;     /* "gemm1" or "gemm2" */
   const char *entry;      /* extern "C" name in the template */
-  int use_mma;            /* 1: tensor-core entry, 0: SIMT entry */
+  int use_mma;            /* 1: mma.sync entry; 0: SIMT entry, or wgmma (use_wgmma) */
   int tile_m, tile_n;     /* CTA tile (tile_n counts B rows: gate + up for gemm1) */
   int n_out;              /* output columns: f (gemm1) or d (gemm2) */
   int k;                  /* reduction length: d (gemm1) or f (gemm2) */
@@ -18,6 +18,12 @@ typedef struct mj_gemm_plan {
   int warps_m, warps_n, warps_k;
   unsigned grid, threads; /* 1-D grid and block */
   unsigned smem_bytes;    /* dynamic shared memory */
+  /* wgmma path (templates/common/gemm_wgmma.cuh, mj_wg_shape): */
+  int use_wgmma;          /* 1: the entry takes two TMA maps (A, W) first */
+  int wg_box_a_rows;      /* TMA box of A: 64 k-elements x this many rows */
+  int wg_box_w_rows;      /* TMA box of W (gemm1: half the B tile, gate or up) */
+  int wg_stages;          /* pipeline depth the kernel derives */
+  int64_t w_rows;         /* rows of the W tensor map: E * 2f (gemm1) or E * d */
 } mj_gemm_plan;
 
 /* How warps split a tile_m x tile_n tile (templates/common/gemm_config.cuh,
@@ -28,11 +34,27 @@ void mj_gemm_warp_layout(int tile_m, int tile_n, int warps, int *wm, int *wn, in
  * when it can. */
 const char *mj_gemm_mma_blocker(const moejit_spec *spec, int which);
 
+/* Why the wgmma kernel cannot run `which` of spec (any arch), or NULL. */
+const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which);
+
+/* 1 when AUTO should pick the wgmma path on sm_90a: MOEJIT_GEMM_WGMMA=1/0
+ * in the environment, else the built-in default (MJ_GEMM_WGMMA_DEFAULT in
+ * gemm_plan.c). */
+int mj_gemm_wgmma_enabled(void);
+
 /* The launch plan of GEMM `which` (1 or 2) for max_rows rows (>= 1) and the
  * requested path. INVALID_ARGUMENT for a spec whose gemm fields, shape or
  * dtypes are out of range, or a grid too large; UNSUPPORTED for path MMA
- * (or AUTO with 12 warps) where the tensor-core kernel cannot run. */
+ * (or AUTO with 12 warps) where the tensor-core kernel cannot run. Same as
+ * mj_gemm_plan_make_for with an unknown arch (AUTO never picks wgmma). */
 moejit_status mj_gemm_plan_make(const moejit_spec *spec, int which, moejit_gemm_path path,
                                 int64_t max_rows, mj_gemm_plan *out);
+
+/* The plan for a ctx of arch `arch` ("sm_90a"; NULL: unknown): AUTO picks
+ * wgmma on sm_90a when mj_gemm_wgmma_enabled() and the spec allows it;
+ * path WGMMA on a known arch other than sm_90a, or a spec it cannot run, is
+ * UNSUPPORTED. */
+moejit_status mj_gemm_plan_make_for(const moejit_spec *spec, int which, moejit_gemm_path path,
+                                    int64_t max_rows, const char *arch, mj_gemm_plan *out);
 
 #endif

@@ -1,6 +1,8 @@
 /* Launchers of the grouped GEMMs (moejit/gemm.h): argument checks, the plan,
- * the kernel lookup (memoized per ctx) and one launch. No sync, no alloc. */
+ * the kernel lookup (memoized per ctx), the TMA maps of the wgmma path and
+ * one launch. No sync, no alloc. */
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/common.h"
 #include "ops/gemm.h"
@@ -34,6 +36,66 @@ static moejit_status check_args(int which, const moejit_spec *spec, const moejit
   return MOEJIT_OK;
 }
 
+/* A 2-D TMA map over a row-major [rows, k] fp16/bf16 tensor at base: boxes
+ * of 64 k-elements (one 128-byte swizzle row) x box_rows, 128-byte swizzle,
+ * zeros outside the tensor (templates/common/gemm_wgmma.cuh). Host only. */
+static moejit_status encode_map(const char *op, const char *what, CUtensorMap *map,
+                                moejit_dtype dtype, const void *base, int64_t rows, int k,
+                                int box_rows) {
+  const mj_driver *d = NULL;
+  moejit_status st = mj_driver_get(&d);
+  if (st) return st;
+  if (!d->TensorMapEncodeTiled)
+    return mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                   "%s: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer); "
+                   "HINT: use MOEJIT_GEMM_PATH_MMA",
+                   op);
+  const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+  const cuuint64_t strides[1] = {(cuuint64_t)k * 2u};
+  const cuuint32_t box[2] = {64u, (cuuint32_t)box_rows}, elem_strides[2] = {1u, 1u};
+  CUtensorMapDataType type = dtype == MOEJIT_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUresult r = d->TensorMapEncodeTiled(map, type, 2, (void *)base, dims, strides, box,
+                                       elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) return MOEJIT_OK;
+  char what_msg[160];
+  snprintf(what_msg, sizeof what_msg,
+           "%s: cuTensorMapEncodeTiled(%s: %lld x %d, box %d x 64)", op, what, (long long)rows, k,
+           box_rows);
+  return mj_cu_check(r, what_msg);
+}
+
+/* The wgmma entries take (map of A, map of W, out, offsets, [scale,]
+ * max_rows); the maps are built per launch from the buffer pointers (host
+ * work only) and passed by value (__grid_constant__). */
+static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec *spec,
+                                  const moejit_gemm_args *args, const mj_gemm_plan *plan,
+                                  CUfunction fn, moejit_stream stream) {
+  const char *op = which == 1 ? "moejit_gemm1_swiglu" : "moejit_gemm2";
+  CUtensorMap map_a, map_w;
+  /* the driver validates the maps against the current context's device */
+  moejit_status st = mj_ctx_enter(ctx);
+  if (st) return st;
+  st = encode_map(op, "a", &map_a, spec->act_dtype, args->a, args->max_rows, plan->k,
+                  plan->wg_box_a_rows);
+  if (!st)
+    st = encode_map(op, "w", &map_w, spec->weight_dtype, args->w, plan->w_rows, plan->k,
+                    plan->wg_box_w_rows);
+  mj_ctx_leave(ctx);
+  if (st) return st;
+  void *out = args->out;
+  const int32_t *offsets = args->expert_offsets;
+  const float *scale = args->row_scale;
+  int max_rows = (int)args->max_rows;
+  void *params1[] = {&map_a, &map_w, &out, &offsets, &max_rows};
+  void *params2[] = {&map_a, &map_w, &out, &offsets, &scale, &max_rows};
+  const unsigned grid[3] = {plan->grid, 1, 1}, block[3] = {plan->threads, 1, 1};
+  return mj_ctx_launch(ctx, fn, grid, block, plan->smem_bytes, stream,
+                       which == 1 ? params1 : params2);
+}
+
 static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *spec,
                                  const moejit_gemm_args *args, moejit_stream stream) {
   if (!ctx)
@@ -43,11 +105,16 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   if (st) return mj_ctx_fail(ctx, st);
   if (args->max_rows == 0) return MOEJIT_OK; /* no rows: nothing to compute */
   mj_gemm_plan plan;
-  if ((st = mj_gemm_plan_make(spec, which, args->path, args->max_rows, &plan)))
+  if ((st = mj_gemm_plan_make_for(spec, which, args->path, args->max_rows, mj_ctx_arch(ctx),
+                                   &plan)))
     return mj_ctx_fail(ctx, st);
   CUfunction fn;
   if ((st = mj_ctx_get_function(ctx, spec, plan.family, plan.entry, &fn)))
     return mj_ctx_fail(ctx, st);
+  if (plan.use_wgmma) {
+    st = launch_wgmma(which, ctx, spec, args, &plan, fn, stream);
+    return st ? mj_ctx_fail(ctx, st) : MOEJIT_OK;
+  }
   const void *a = args->a, *w = args->w;
   void *out = args->out;
   const int32_t *offsets = args->expert_offsets;

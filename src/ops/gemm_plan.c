@@ -2,12 +2,25 @@
  * derived from the spec exactly as templates/common/gemm_*.cuh derive them
  * (the kernels trap if they get less shared memory than they need). */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/common.h"
 #include "ops/gemm.h"
 
 /* The SIMT kernels loop over their outputs: more blocks only add launches. */
 #define MJ_GEMM_SIMT_MAX_BLOCKS (1u << 20)
+
+/* Whether AUTO takes the wgmma path on sm_90a when MOEJIT_GEMM_WGMMA is
+ * unset. 0 until the path has passed the GPU tests; flip to 1 then. */
+#define MJ_GEMM_WGMMA_DEFAULT 0
+
+/* mj_wg_shape (templates/common/gemm_wgmma.cuh): the dynamic shared memory
+ * the pipeline may take (H100 opt-in limit less 1 KiB of static), and the
+ * CTA count under which the decode ("narrow", 64 x 64, 8 stages) entry
+ * replaces the spec's tile: two CTAs per SM of an H100 (132 SMs). */
+#define MJ_WG_SMEM_BUDGET (232448 - 1024)
+#define MJ_WG_NARROW_CTAS 264
 
 void mj_gemm_warp_layout(int tile_m, int tile_n, int warps, int *wm_out, int *wn_out,
                          int *wk_out) {
@@ -32,6 +45,27 @@ const char *mj_gemm_mma_blocker(const moejit_spec *spec, int which) {
     return "hidden and expert_width must be multiples of 8 (16-byte rows)";
   if (g->warps != 4 && g->warps != 8) return "the tensor-core kernel takes 4 or 8 warps";
   return NULL;
+}
+
+const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which) {
+  const moejit_gemm_cfg *g = which == 1 ? &spec->gemm1 : &spec->gemm2;
+  if (spec->act_dtype != spec->weight_dtype) return "activation and weight dtypes differ";
+  if (spec->act_dtype != MOEJIT_DTYPE_BF16 && spec->act_dtype != MOEJIT_DTYPE_FP16)
+    return "the wgmma kernel takes fp16 or bf16 only";
+  if (spec->hidden % 8 != 0 || spec->expert_width % 8 != 0)
+    return "hidden and expert_width must be multiples of 8 (TMA rows are 16-byte multiples)";
+  int tm = g->tile_m < 64 ? 64 : g->tile_m, consumers = tm >= 128 ? 2 : 1;
+  if ((tm / consumers / 64) * g->tile_n > 256)
+    return "tile_m 256 with tile_n 256 needs 256 accumulators per thread (at most 128)";
+  if (g->tile_n % 32 != 0) return "tile_n must be a multiple of 32";
+  return NULL;
+}
+
+int mj_gemm_wgmma_enabled(void) {
+  const char *env = getenv("MOEJIT_GEMM_WGMMA");
+  if (env && strcmp(env, "1") == 0) return 1;
+  if (env && strcmp(env, "0") == 0) return 0;
+  return MJ_GEMM_WGMMA_DEFAULT;
 }
 
 static int one_of(int v, const int *set, int n) {
@@ -63,6 +97,35 @@ static moejit_status check_spec(const moejit_spec *spec, int which, const char *
   return MOEJIT_OK;
 }
 
+static int is_sm90a(const char *arch) {
+  return arch && strcmp(arch, "sm_90a") == 0;
+}
+
+/* *use_wgmma = 1 when the wgmma kernel runs; UNSUPPORTED when path WGMMA
+ * cannot. AUTO takes it only on sm_90a, when enabled and possible. */
+static moejit_status choose_wgmma(const moejit_spec *spec, int which, moejit_gemm_path path,
+                                  const char *arch, const char *op, int *use_wgmma) {
+  const char *blocker = mj_gemm_wgmma_blocker(spec, which);
+  *use_wgmma = 0;
+  if (path == MOEJIT_GEMM_PATH_AUTO) {
+    *use_wgmma = is_sm90a(arch) && mj_gemm_wgmma_enabled() && !blocker;
+    return MOEJIT_OK;
+  }
+  if (path != MOEJIT_GEMM_PATH_WGMMA) return MOEJIT_OK;
+  if (arch && !is_sm90a(arch))
+    return mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                   "%s: the wgmma kernel needs an sm_90a device (this ctx compiles for %s); HINT: "
+                   "use MOEJIT_GEMM_PATH_AUTO or MMA",
+                   op, arch);
+  if (blocker)
+    return mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                   "%s: the wgmma kernel cannot run this spec: %s; HINT: use "
+                   "MOEJIT_GEMM_PATH_AUTO or MMA",
+                   op, blocker);
+  *use_wgmma = 1;
+  return MOEJIT_OK;
+}
+
 static moejit_status choose_path(const moejit_spec *spec, int which, moejit_gemm_path path,
                                  const char *op, int *use_mma) {
   const char *blocker = mj_gemm_mma_blocker(spec, which);
@@ -91,14 +154,57 @@ static void fill_mma_plan(const moejit_spec *spec, const moejit_gemm_cfg *g, int
   p->m_slots = (int)(max_rows / g->tile_m + spec->experts);
 }
 
+/* mj_wg_stages: stages * tile_k in 64-wide k-tiles, 2..8, within budget. */
+static int wg_stages(int want, int stage_bytes) {
+  int s = want < 2 ? 2 : (want > 8 ? 8 : want);
+  while (s > 2 && 1024 + s * (stage_bytes + 16) > MJ_WG_SMEM_BUDGET) --s;
+  return s;
+}
+
+/* The wgmma plan (mj_wg_shape of the spec's tile, or of the narrow 64 x 64
+ * x 64, 8-stage decode tile when the spec's tile would leave SMs idle). */
+static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gemm_cfg *g,
+                            int64_t max_rows, mj_gemm_plan *p) {
+  int tm = g->tile_m < 64 ? 64 : g->tile_m, tn = g->tile_n, want = g->stages * g->tile_k / 64;
+  int cols = which == 1 ? tn / 2 : tn;
+  int64_t active = max_rows < spec->experts ? max_rows : spec->experts;
+  int64_t ctas = (max_rows / tm + active) * ((p->n_out + cols - 1) / cols);
+  const char *force = getenv("MOEJIT_GEMM_WGMMA_NARROW"); /* tests: "0" never, "1" always */
+  int narrow = force && (!strcmp(force, "0") || !strcmp(force, "1"))
+                   ? force[0] == '1'
+                   : ctas < MJ_WG_NARROW_CTAS && (tm > 64 || tn > 64);
+  if (narrow) tm = 64, tn = 64, want = 8;
+  p->entry = which == 1 ? (narrow ? "moejit_gemm1_swiglu_wgmma_narrow" : "moejit_gemm1_swiglu_wgmma")
+                        : (narrow ? "moejit_gemm2_wgmma_narrow" : "moejit_gemm2_wgmma");
+  int consumers = tm >= 128 ? 2 : 1, stage_bytes = (tm + tn) * 128;
+  p->use_wgmma = 1;
+  p->tile_m = tm, p->tile_n = tn;
+  p->threads = 128u * (unsigned)(1 + consumers);
+  p->warps_m = consumers, p->warps_n = 1, p->warps_k = 1;
+  p->wg_stages = wg_stages(want, stage_bytes);
+  p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16));
+  p->wg_box_a_rows = tm;
+  p->wg_box_w_rows = which == 1 ? tn / 2 : tn;
+  p->w_rows = (int64_t)spec->experts * (which == 1 ? 2 * spec->expert_width : spec->hidden);
+  p->n_tiles = (p->n_out + (which == 1 ? tn / 2 : tn) - 1) / (which == 1 ? tn / 2 : tn);
+  p->m_slots = (int)(max_rows / tm + spec->experts);
+}
+
 moejit_status mj_gemm_plan_make(const moejit_spec *spec, int which, moejit_gemm_path path,
                                 int64_t max_rows, mj_gemm_plan *p) {
+  return mj_gemm_plan_make_for(spec, which, path, max_rows, NULL, p);
+}
+
+moejit_status mj_gemm_plan_make_for(const moejit_spec *spec, int which, moejit_gemm_path path,
+                                    int64_t max_rows, const char *arch, mj_gemm_plan *p) {
   const char *op = which == 1 ? "moejit_gemm1_swiglu" : "moejit_gemm2";
   moejit_status st = check_spec(spec, which, op);
   if (st) return st;
   const moejit_gemm_cfg *g = which == 1 ? &spec->gemm1 : &spec->gemm2;
   *p = (mj_gemm_plan){0};
-  if ((st = choose_path(spec, which, path, op, &p->use_mma))) return st;
+  int use_wgmma = 0;
+  if ((st = choose_wgmma(spec, which, path, arch, op, &use_wgmma))) return st;
+  if (!use_wgmma && (st = choose_path(spec, which, path, op, &p->use_mma))) return st;
   p->family = which == 1 ? "gemm1" : "gemm2";
   p->tile_m = g->tile_m, p->tile_n = g->tile_n;
   p->n_out = (int)(which == 1 ? spec->expert_width : spec->hidden);
@@ -107,7 +213,10 @@ moejit_status mj_gemm_plan_make(const moejit_spec *spec, int which, moejit_gemm_
   int out_cols_per_tile = which == 1 ? g->tile_n / 2 : g->tile_n;
   p->n_tiles = (p->n_out + out_cols_per_tile - 1) / out_cols_per_tile;
   int64_t blocks;
-  if (p->use_mma) {
+  if (use_wgmma) {
+    fill_wgmma_plan(spec, which, g, max_rows, p);
+    blocks = (int64_t)p->m_slots * p->n_tiles;
+  } else if (p->use_mma) {
     p->entry = which == 1 ? "moejit_gemm1_swiglu_mma" : "moejit_gemm2_mma";
     fill_mma_plan(spec, g, max_rows, p);
     blocks = (int64_t)p->m_slots * p->n_tiles;

@@ -74,6 +74,8 @@ static const driver_symbol driver_symbols[] = {
     OPT(MemPoolTrimTo, "cuMemPoolTrimTo", "cuMemPoolTrimTo", MJ_DRIVER_ABI_VERSION),
     OPT(LaunchKernelEx, "cuLaunchKernelEx", "cuLaunchKernelEx", MJ_DRIVER_ABI_VERSION),
     OPT(FuncGetParamInfo, "cuFuncGetParamInfo", "cuFuncGetParamInfo", 12040),
+    OPT(TensorMapEncodeTiled, "cuTensorMapEncodeTiled", "cuTensorMapEncodeTiled",
+        MJ_DRIVER_ABI_VERSION),
 };
 
 /* Outcome of the one-time load and init, replayed to every caller. */

@@ -130,6 +130,7 @@ typedef struct mj_driver {
   PFN_cuMemPoolTrimTo_v11020 MemPoolTrimTo;
   PFN_cuLaunchKernelEx_v11060 LaunchKernelEx;
   PFN_cuFuncGetParamInfo_v12040 FuncGetParamInfo;
+  PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncodeTiled; /* TMA descriptors (gemm wgmma path) */
 } mj_driver;
 
 /* Loads libcuda and resolves the table, once per process (thread-safe).

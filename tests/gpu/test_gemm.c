@@ -4,7 +4,9 @@
  * that are not tile multiples), the presets' shapes with few experts, every
  * tile config the presets ship plus a spread of others (all 48 of the
  * supported grid with MOEJIT_GEMM_TEST_ALL_TILES=1), bitwise-identical
- * reruns, and argument checks. Skips without a GPU. */
+ * reruns, and argument checks. On an sm_90a device every case of the mma
+ * (or AUTO) path runs again on the wgmma path, with its spec tile and with
+ * the narrow decode tile. Skips without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -184,6 +186,26 @@ static double run_case(const gemm_case *c) {
   return err;
 }
 
+static int ctx_is_sm90a(moejit_ctx *ctx) {
+  moejit_device_info info;
+  cr_assert_eq(moejit_ctx_device_info(ctx, &info), MOEJIT_OK, "%s", moejit_last_error());
+  return strcmp(info.arch, "sm_90a") == 0;
+}
+
+/* The case on the wgmma path, with the spec's tile and with the narrow
+ * decode tile (MOEJIT_GEMM_WGMMA_NARROW forces the plan's choice). */
+static void run_case_wgmma(const gemm_case *c) {
+  gemm_case w = *c;
+  w.path = MOEJIT_GEMM_PATH_WGMMA;
+  for (int narrow = 0; narrow < 2; narrow++) {
+    setenv("MOEJIT_GEMM_WGMMA_NARROW", narrow ? "1" : "0", 1);
+    double err = run_case(&w);
+    cr_expect(err <= w.tolerance, "gemm%d wgmma (%s tile): rel error %.3g", w.which,
+              narrow ? "narrow" : "spec", err);
+  }
+  unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
+}
+
 static double tol_of(moejit_dtype dt) {
   return dt == MOEJIT_DTYPE_FP32 ? 1e-5 : dt == MOEJIT_DTYPE_FP16 ? 5e-3 : 1e-2;
 }
@@ -198,6 +220,13 @@ static void run_both(moejit_ctx *ctx, const moejit_spec *s, const int32_t *count
   run_case(&c1);
   run_case(&c2);
   run_case(&c3);
+  /* The same cases on the Hopper path, where the device and spec take it. */
+  if ((path == MOEJIT_GEMM_PATH_MMA || path == MOEJIT_GEMM_PATH_AUTO) && ctx_is_sm90a(ctx) &&
+      !mj_gemm_wgmma_blocker(s, 1) && !mj_gemm_wgmma_blocker(s, 2)) {
+    run_case_wgmma(&c1);
+    run_case_wgmma(&c2);
+    run_case_wgmma(&c3);
+  }
 }
 
 /* d = 264, f = 200: every tile has N and K tails (264 = 4*64 + 8, 200 =
@@ -340,9 +369,26 @@ Test(gemm, argument_checks) {
   moejit_spec w12 = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(64, 128, 64, 3, 12, 0));
   cr_assert_eq(moejit_gemm2(ctx, &w12, &ok, NULL), MOEJIT_ERR_UNSUPPORTED);
   cr_assert(strstr(moejit_last_error(), "warps"), "%s", moejit_last_error());
+  a = ok, a.path = MOEJIT_GEMM_PATH_WGMMA; /* fp32: the wgmma kernel cannot take it */
+  cr_assert_eq(moejit_gemm2(ctx, &f, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "wgmma"), "%s", moejit_last_error());
+  a = ok, a.path = MOEJIT_GEMM_PATH_WGMMA; /* bf16: runs on sm_90a, refused elsewhere */
+  cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL),
+               ctx_is_sm90a(ctx) ? MOEJIT_OK : MOEJIT_ERR_UNSUPPORTED, "%s", moejit_last_error());
   cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
   moejit_mem_free(ctx, buf, NULL);
   moejit_mem_free(ctx, doff, NULL);
+  moejit_ctx_destroy(ctx);
+}
+
+/* Rows past an expert's range belong to the next expert: with one tile
+ * straddling two experts, each expert's rows come out right (the other's
+ * rows are neither overwritten nor clobbered). Every path the device has. */
+Test(gemm, tile_straddling_experts) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_spec s = make_spec(128, 64, 3, MOEJIT_DTYPE_BF16, cfg(128, 64, 64, 4, 8, 0));
+  const int32_t counts[3] = {5, 120, 3}; /* 5 + 120 + 3 rows: every tile holds two experts */
+  run_both(ctx, &s, counts, 4, MOEJIT_GEMM_PATH_MMA);
   moejit_ctx_destroy(ctx);
 }
 
@@ -371,4 +417,66 @@ Test(gemm, plan_matches_template_rules) {
   cr_assert(!p.use_mma);
   cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_simt");
   cr_assert_eq(mj_gemm_plan_make(&f, 1, MOEJIT_GEMM_PATH_MMA, 100, &p), MOEJIT_ERR_UNSUPPORTED);
+}
+
+/* The wgmma plan mirrors mj_wg_shape (templates/common/gemm_wgmma.cuh). */
+Test(gemm, wgmma_plan_matches_template_rules) {
+  unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
+  moejit_spec s = make_spec(2048, 768, 128, MOEJIT_DTYPE_BF16, cfg(64, 256, 64, 4, 8, 0));
+  mj_gemm_plan p;
+  /* AUTO picks wgmma only on sm_90a with MOEJIT_GEMM_WGMMA=1 */
+  setenv("MOEJIT_GEMM_WGMMA", "1", 1);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 1000, "sm_90a", &p), MOEJIT_OK);
+  cr_assert(p.use_wgmma && !p.use_mma);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 1000, "sm_80", &p), MOEJIT_OK);
+  cr_assert(!p.use_wgmma && p.use_mma);
+  cr_assert_eq(mj_gemm_plan_make(&s, 1, MOEJIT_GEMM_PATH_AUTO, 1000, &p), MOEJIT_OK);
+  cr_assert(!p.use_wgmma, "no arch: AUTO stays on mma");
+  setenv("MOEJIT_GEMM_WGMMA", "0", 1);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 1000, "sm_90a", &p), MOEJIT_OK);
+  cr_assert(!p.use_wgmma);
+  unsetenv("MOEJIT_GEMM_WGMMA");
+  /* the spec tile: 64 rows, one consumer warpgroup + the producer */
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, 1000, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma");
+  cr_assert_eq(p.threads, 256u);
+  cr_assert_eq(p.n_tiles, 6);
+  cr_assert_eq(p.m_slots, 1000 / 64 + 128);
+  cr_assert_eq(p.grid, (unsigned)(p.m_slots * 6));
+  cr_assert_eq(p.wg_stages, 4);
+  cr_assert_eq(p.smem_bytes, 1024u + 4u * ((64 + 256) * 128 + 16));
+  cr_assert_eq(p.wg_box_a_rows, 64);
+  cr_assert_eq(p.wg_box_w_rows, 128); /* gate half, then up half */
+  cr_assert_eq(p.w_rows, 128LL * 2 * 768);
+  /* decode: 8 rows would give 48 CTAs: the narrow 64x64 tile, 8 stages */
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, 8, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
+  cr_assert_eq(p.n_tiles, 768 / 32);
+  cr_assert_eq(p.wg_stages, 8);
+  cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 64) * 128 + 16));
+  cr_assert_eq(p.wg_box_w_rows, 32);
+  /* 128-row tiles: two consumer warpgroups */
+  s.gemm2 = cfg(128, 128, 64, 4, 8, 0);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_WGMMA, 100000, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm2_wgmma");
+  cr_assert_eq(p.threads, 384u);
+  cr_assert_eq(p.n_tiles, 2048 / 128);
+  cr_assert_eq(p.wg_box_a_rows, 128);
+  cr_assert_eq(p.wg_box_w_rows, 128);
+  /* tile_k 32 with 3 stages is 1.5 64-wide k-tiles: 2 stages */
+  s.gemm2 = cfg(16, 64, 32, 3, 4, 0);
+  setenv("MOEJIT_GEMM_WGMMA_NARROW", "0", 1);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_WGMMA, 100, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_eq(p.tile_m, 64);
+  cr_assert_eq(p.wg_stages, 2);
+  unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
+  /* refusals: wrong arch, fp32 */
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, 100, "sm_80", &p),
+               MOEJIT_ERR_UNSUPPORTED);
+  moejit_spec f = make_spec(264, 200, 5, MOEJIT_DTYPE_FP32, cfg(32, 64, 32, 2, 4, 0));
+  cr_assert_eq(mj_gemm_plan_make_for(&f, 1, MOEJIT_GEMM_PATH_WGMMA, 100, "sm_90a", &p),
+               MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "fp16 or bf16"), "%s", moejit_last_error());
+  cr_assert_eq(mj_gemm_plan_make_for(&f, 1, MOEJIT_GEMM_PATH_AUTO, 100, "sm_90a", &p), MOEJIT_OK);
+  cr_assert(!p.use_wgmma && !p.use_mma, "fp32 under AUTO: SIMT");
 }

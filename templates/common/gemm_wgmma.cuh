@@ -1,0 +1,284 @@
+// The Hopper (sm_90a) grouped-GEMM core shared by gemm1 and gemm2: wgmma
+// fed by TMA (cp.async.bulk.tensor, 128-byte swizzle) through an mbarrier
+// pipeline, one producer warpgroup and one or two consumer warpgroups.
+// Design notes (pipeline, swizzle, descriptors, limits): docs/gemm.md.
+// src/ops/gemm_plan.c mirrors mj_wg_shape on the host (grid, block, shared
+// memory, TMA boxes): keep the two in step; the kernel traps when launched
+// with less dynamic shared memory than kSmemBytes.
+#ifndef MOEJIT_COMMON_GEMM_WGMMA_CUH
+#define MOEJIT_COMMON_GEMM_WGMMA_CUH
+
+#include "common/gemm_mainloop.cuh"
+#include "common/gemm_wgmma_mma.cuh"
+
+// A CUtensorMap as a kernel parameter (NVRTC has no cuda.h): 128 opaque
+// bytes, 64-byte aligned. Passed by value as a __grid_constant__ parameter.
+struct alignas(64) mj_tmap {
+  unsigned long long opaque[16];
+};
+
+// wgmma and setmaxnreg exist only on the arch-specific sm_90a target; other
+// targets compile the entries as traps (the host never launches them there).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MJ_WGMMA_AVAILABLE 1
+#else
+#define MJ_WGMMA_AVAILABLE 0
+#endif
+
+// Dynamic shared memory the pipeline may take: the H100 opt-in limit (227
+// KiB) less 1 KiB for static shared memory.
+static constexpr int kWgSmemBudget = 232448 - 1024;
+
+// Stages: the spec's bytes of K in flight (stages * tile_k) in 64-wide
+// k-tiles, 2..8, fewer when they would not fit the budget.
+__host__ __device__ constexpr int mj_wg_stages(int want, int stage_bytes) {
+  int s = want < 2 ? 2 : (want > 8 ? 8 : want);
+  while (s > 2 && 1024 + s * (stage_bytes + 16) > kWgSmemBudget) --s;
+  return s;
+}
+
+// The CTA shape of the wgmma kernel for a spec tile TM x TN x TK, STAGES.
+// Rows: at least 64 (wgmma's M); 128 or 256 rows are split over two consumer
+// warpgroups. K-tiles are 64 elements: one 128-byte swizzle atom per row.
+template <int TM, int TN, int TK, int STAGES> struct mj_wg_shape {
+  static constexpr int kTM = TM < 64 ? 64 : TM;
+  static constexpr int kConsumers = kTM >= 128 ? 2 : 1;
+  static constexpr int kWgRows = kTM / kConsumers; // rows per consumer warpgroup
+  static constexpr int kMB = kWgRows / 64;         // m64 blocks per consumer
+  static constexpr int kTN = TN;                   // B rows (gemm1: gate + up)
+  static constexpr int kTK = 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kStageA = kTM * 128, kStageB = kTN * 128;
+  static constexpr int kStageBytes = kStageA + kStageB;
+  static constexpr int kStages = mj_wg_stages(STAGES * TK / 64, kStageBytes);
+  // +1024: the tiles start at the next 1024-byte boundary (swizzle atoms);
+  // 16 bytes per stage: its full and empty mbarriers.
+  static constexpr int kSmemBytes = 1024 + kStages * (kStageBytes + 16);
+  static constexpr int kAcc = kTN / 2; // fp32 accumulators per thread per m64 block
+  // The register budget: at most 128 accumulators per consumer thread.
+  static constexpr bool kFits = kMB * kTN <= 256 && kTN >= 32 && kTN <= 256 && kTN % 32 == 0;
+
+  // Tile row of accumulator pair `half` (0, 1) of m64 block mb of consumer c,
+  // and the tile column of n8 group i (the m64nNk16 accumulator layout: thread
+  // t of the warpgroup holds rows 16*(t/32) + (t%32)/4 (+8), columns
+  // 8*i + 2*(t%4) (+1), in acc[4*i + 2*half + 0..1]).
+  __device__ static int row(int c, int mb, int half) {
+    const int t = threadIdx.x & 127;
+    return c * kWgRows + mb * 64 + (t >> 5) * 16 + ((t & 31) >> 2) + half * 8;
+  }
+  __device__ static int col(int i) { return i * 8 + (threadIdx.x & 3) * 2; }
+};
+
+#if MJ_WGMMA_AVAILABLE
+
+// ---- mbarriers ----------------------------------------------------------
+
+__device__ __forceinline__ void mj_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mj_mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mj_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Waits until the phase of parity `parity` has completed (a fresh barrier
+// is in phase 0: waiting for parity 1 returns at once).
+__device__ __forceinline__ void mj_mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---- TMA ----------------------------------------------------------------
+
+__device__ __forceinline__ void mj_tma_prefetch(const mj_tmap *map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map))
+               : "memory");
+}
+
+// Box at (k0, row0) of a 2-D map (k innermost) into shared memory at dst,
+// completing `box bytes` of transactions on bar. Out-of-range elements
+// (rows past the tensor, k past K) arrive as zeros and still count.
+__device__ __forceinline__ void mj_tma_load_2d(unsigned dst, const mj_tmap *map, int k0, int row0,
+                                               unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(k0), "r"(row0), "r"(bar)
+      : "memory");
+}
+
+// ---- wgmma --------------------------------------------------------------
+
+// Shared-memory matrix descriptor of a K-major tile stored as 128-byte rows
+// by TMA's 128-byte swizzle: start address >> 4 (bits 0-13), leading byte
+// offset 1 (unused for swizzled K-major), stride byte offset 1024 >> 4 (8
+// rows of 128 bytes, bits 32-45), base offset 0 (tiles are 1024-aligned),
+// swizzle mode 1 = 128B (bits 62-63). The k16 step s of a 64-wide atom starts
+// s * 32 bytes further; the hardware applies the XOR on the full address.
+__device__ __forceinline__ unsigned long long mj_wg_desc(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void mj_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mj_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void mj_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accumulators while a wgmma owns them.
+template <int N> __device__ __forceinline__ void mj_wg_pin(float (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(a[i])::"memory");
+}
+
+template <int N> __device__ __forceinline__ void mj_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void mj_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// ---- the kernel core ------------------------------------------------------
+
+// Shared memory layout from the 1024-aligned base: kStages A tiles
+// [kTM][64], kStages B tiles [kTN][64] (each row 128 swizzled bytes), then
+// full[kStages] and empty[kStages] mbarriers (8 bytes each).
+template <class S> struct mj_wg_smem {
+  unsigned a, b, full, empty;
+  __device__ explicit mj_wg_smem(unsigned raw) {
+    a = (raw + 1023u) & ~1023u;
+    b = a + S::kStages * S::kStageA;
+    full = b + S::kStages * S::kStageB;
+    empty = full + S::kStages * 8;
+  }
+};
+
+// The producer: one thread issues the TMA loads of every k-tile: A rows
+// [a_row0, +kTM) and B rows [w_row0, +kTN) (kSplitB: [w_row0, +kTN/2) then
+// [w_row1, +kTN/2), gemm1's gate and up halves).
+template <class S, int K, bool kSplitB>
+__device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, const mj_tmap *ta,
+                                              const mj_tmap *tw, int a_row0, int w_row0,
+                                              int w_row1) {
+  constexpr int kTiles = (K + 63) / 64;
+  mj_tma_prefetch(ta);
+  mj_tma_prefetch(tw);
+  int s = 0;
+  unsigned phase = 0;
+#pragma unroll 1
+  for (int kt = 0; kt < kTiles; ++kt) {
+    const unsigned full = sm.full + s * 8;
+    mj_mbar_wait(sm.empty + s * 8, phase ^ 1u); // consumers are done with this stage
+    mj_mbar_expect_tx(full, S::kStageBytes);
+    const int k0 = kt * 64;
+    const unsigned b = sm.b + s * S::kStageB;
+    mj_tma_load_2d(sm.a + s * S::kStageA, ta, k0, a_row0, full);
+    if constexpr (kSplitB) {
+      mj_tma_load_2d(b, tw, k0, w_row0, full);
+      mj_tma_load_2d(b + S::kStageB / 2, tw, k0, w_row1, full);
+    } else {
+      mj_tma_load_2d(b, tw, k0, w_row0, full);
+    }
+    if (++s == S::kStages) s = 0, phase ^= 1u;
+  }
+}
+
+// A consumer warpgroup (c = 0 or 1): rows [c * kWgRows, +kWgRows) of the tile
+// against all kTN B rows, summed over K into acc. Each k-tile's wgmmas form
+// one group; once the group before it has completed, that stage goes back to
+// the producer (one arrival per consumer warp).
+template <class S, typename T, int K>
+__device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, int c,
+                                              float (&acc)[S::kMB][S::kAcc]) {
+  constexpr int kTiles = (K + 63) / 64;
+  typedef mj_wgmma_op<S::kTN, mj_same_type<T, __nv_bfloat16>::value> Op;
+  const bool signals = (threadIdx.x & 31) == 0;
+#pragma unroll
+  for (int mb = 0; mb < S::kMB; ++mb)
+#pragma unroll
+    for (int i = 0; i < S::kAcc; ++i) acc[mb][i] = 0.f;
+  int s = 0, prev = 0;
+  unsigned phase = 0;
+#pragma unroll 1
+  for (int kt = 0; kt < kTiles; ++kt) {
+    mj_mbar_wait(sm.full + s * 8, phase); // the stage's TMA bytes have landed
+#pragma unroll
+    for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
+    mj_wgmma_fence();
+    const unsigned a = sm.a + s * S::kStageA + c * S::kWgRows * 128;
+    const unsigned b = sm.b + s * S::kStageB;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const unsigned long long db = mj_wg_desc(b + kk * 32);
+#pragma unroll
+      for (int mb = 0; mb < S::kMB; ++mb) Op::mma(acc[mb], mj_wg_desc(a + mb * 64 * 128 + kk * 32), db);
+    }
+    mj_wgmma_commit();
+    mj_wgmma_wait<1>(); // k-tile kt-1's wgmmas are done: its stage is free
+#pragma unroll
+    for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
+    if (kt > 0 && signals) mj_mbar_arrive(sm.empty + prev * 8);
+    prev = s;
+    if (++s == S::kStages) s = 0, phase ^= 1u;
+  }
+  mj_wgmma_wait<0>();
+#pragma unroll
+  for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
+}
+
+// One CTA tile: barrier setup, the warp-specialized pipeline, then
+// epi(acc, c) in each consumer thread. Every thread of the block calls it.
+template <class S, typename T, int K, bool kSplitB, class Epi>
+__device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, int a_row0,
+                                           int w_row0, int w_row1, const Epi &epi) {
+  const mj_wg_smem<S> sm(mj_smem_u32(mj_gemm_smem));
+  if (threadIdx.x == 0) {
+#pragma unroll 1
+    for (int s = 0; s < S::kStages; ++s) {
+      mj_mbar_init(sm.full + s * 8, 1);                   // the producer's expect_tx
+      mj_mbar_init(sm.empty + s * 8, 4 * S::kConsumers); // one per consumer warp
+    }
+    // Make the initialized barriers visible to the async proxy (TMA).
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    if constexpr (S::kConsumers == 2) mj_setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) mj_wg_produce<S, K, kSplitB>(sm, ta, tw, a_row0, w_row0, w_row1);
+  } else {
+    if constexpr (S::kConsumers == 2) mj_setmaxnreg_inc<232>();
+    float acc[S::kMB][S::kAcc];
+    mj_wg_consume<S, T, K>(sm, wg - 1, acc);
+    epi(acc, wg - 1);
+  }
+}
+
+#endif // MJ_WGMMA_AVAILABLE
+
+// Traps when the launch gave less dynamic shared memory than the tile needs.
+template <class S> __device__ __forceinline__ void mj_wg_check_smem() {
+  unsigned bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  if (bytes < (unsigned)S::kSmemBytes) __trap();
+}
+
+#endif
