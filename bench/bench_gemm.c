@@ -203,10 +203,31 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, c
   free(off);
 }
 
+/* --gemm1 / --gemm2 "M,N,K,STAGES,WARPS": tile overrides for every preset
+ * (tile sweeps); tile_m 0 = keep the preset's. */
+static moejit_gemm_cfg g_override[2];
+
+static int parse_tile(const char *text, moejit_gemm_cfg *g) {
+  return sscanf(text, "%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
+                &g->warps) == 5;
+}
+
+static void apply_override(moejit_gemm_cfg *dst, const moejit_gemm_cfg *o) {
+  if (!o->tile_m) return;
+  dst->tile_m = o->tile_m, dst->tile_n = o->tile_n, dst->tile_k = o->tile_k;
+  dst->stages = o->stages, dst->warps = o->warps;
+}
+
 static void bench_preset(moejit_ctx *ctx, const char *name, const int64_t *tokens, int n_tokens,
                          int iters, moejit_stream stream) {
   moejit_spec s;
   CHECK(moejit_spec_load_preset(name, &s));
+  apply_override(&s.gemm1, &g_override[0]);
+  apply_override(&s.gemm2, &g_override[1]);
+  if (moejit_spec_validate(&s) != MOEJIT_OK) {
+    printf("# %s: tile override rejected: %s\n", name, moejit_last_error());
+    return;
+  }
   size_t wsz = moejit_dtype_size(s.weight_dtype);
   size_t w1_bytes = (size_t)s.experts * 2 * (size_t)s.expert_width * (size_t)s.hidden * wsz;
   size_t w2_bytes = (size_t)s.experts * (size_t)s.hidden * (size_t)s.expert_width * wsz;
@@ -374,11 +395,15 @@ int main(int argc, char **argv) {
       iters = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--path") && i + 1 < argc && parse_paths(argv[i + 1])) {
       i++;
+    } else if ((!strcmp(argv[i], "--gemm1") || !strcmp(argv[i], "--gemm2")) && i + 1 < argc &&
+               parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'])) {
+      i++;
     } else if (!strcmp(argv[i], "--smoke")) {
       smoke = 1;
     } else {
       printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
              "                         [--path auto|mma|wgmma|both] [--smoke]\n"
+             "                         [--gemm1 M,N,K,STAGES,WARPS] [--gemm2 M,N,K,STAGES,WARPS]\n"
              "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
              "qwen3-30b-a3b, deepseek-v3) at T tokens with random uniform top-k routing:\n"
              "median of N launches after 3 warm-ups, against the floor\n"
