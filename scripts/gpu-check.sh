@@ -6,6 +6,7 @@
 #   scripts/gpu-check.sh [STEP...]   steps: test sanitize bench sass (default: all)
 #   GPU_CHECK_TESTS="route align"    limit ctest to these test names (regex parts)
 #   GPU_CHECK_BENCH="ops gemm"       which bench/moejit_bench_* programs to run
+#   GPU_CHECK_ARGS_gemm="--path both"  extra arguments for one of them
 set -uo pipefail
 OUT=${OUT:-out}
 LOGS=${GPU_CHECK_LOGS:-/tmp/gpu-check-logs}
@@ -62,7 +63,8 @@ if want bench; then
   for name in ${GPU_CHECK_BENCH:-ops gemm}; do
     b=$B/bench/moejit_bench_$name
     [[ -x $b ]] || continue
-    "$b" ${GPU_CHECK_BENCH_ARGS:-} >"$LOGS/moejit_bench_$name.txt" 2>&1
+    args_var="GPU_CHECK_ARGS_$name"  # e.g. GPU_CHECK_ARGS_gemm="--path both"
+    "$b" ${!args_var:-} >"$LOGS/moejit_bench_$name.txt" 2>&1
     note "moejit_bench_$name rc=$?"
   done
 fi
