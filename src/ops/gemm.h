@@ -24,6 +24,9 @@ typedef struct mj_gemm_plan {
   int wg_box_w_rows;      /* TMA box of W (gemm1: half the B tile, gate or up) */
   int wg_stages;          /* pipeline depth the kernel derives */
   int64_t w_rows;         /* rows of the W tensor map: E * 2f (gemm1) or E * d */
+  int decode;             /* 1: a decode launch on mma.sync with the 64-row decode tile
+                             instead of the spec's: build the kernel from
+                             mj_gemm_kernel_spec */
 } mj_gemm_plan;
 
 /* How warps split a tile_m x tile_n tile (templates/common/gemm_config.cuh,
@@ -56,5 +59,12 @@ moejit_status mj_gemm_plan_make(const moejit_spec *spec, int which, moejit_gemm_
  * UNSUPPORTED. */
 moejit_status mj_gemm_plan_make_for(const moejit_spec *spec, int which, moejit_gemm_path path,
                                     int64_t max_rows, const char *arch, mj_gemm_plan *out);
+
+/* The spec whose kernel runs `plan`: spec itself, or (plan->decode) a copy
+ * in *scratch with GEMM `which` on the decode tile (64x256x64 for GEMM 1,
+ * 64x128x64 for GEMM 2, 4 stages, 8 warps), which AUTO takes on mma.sync for
+ * fewer than 64 rows. */
+const moejit_spec *mj_gemm_kernel_spec(const moejit_spec *spec, int which,
+                                       const mj_gemm_plan *plan, moejit_spec *scratch);
 
 #endif

@@ -109,7 +109,9 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
                                    &plan)))
     return mj_ctx_fail(ctx, st);
   CUfunction fn;
-  if ((st = mj_ctx_get_function(ctx, spec, plan.family, plan.entry, &fn)))
+  moejit_spec scratch;
+  const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, &plan, &scratch);
+  if ((st = mj_ctx_get_function(ctx, kspec, plan.family, plan.entry, &fn)))
     return mj_ctx_fail(ctx, st);
   if (plan.use_wgmma) {
     st = launch_wgmma(which, ctx, spec, args, &plan, fn, stream);

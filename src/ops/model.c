@@ -121,7 +121,11 @@ static moejit_status resolve_gemm(moejit_model *m, int which) {
     moejit_status st = mj_gemm_plan_make_for(&m->spec, which, MOEJIT_GEMM_PATH_AUTO,
                                              gemm_probe_rows[i], mj_ctx_arch(m->ctx), &plan);
     if (st) return mj_fail_prefix(st, "moejit_model_load");
-    if ((st = resolve(m, plan.family, plan.entry, NULL))) return st;
+    moejit_spec scratch;
+    const moejit_spec *kspec = mj_gemm_kernel_spec(&m->spec, which, &plan, &scratch);
+    CUfunction fn;
+    if ((st = mj_ctx_get_function(m->ctx, kspec, plan.family, plan.entry, &fn)))
+      return mj_fail_prefix(st, "moejit_model_load: kernel '%s'", plan.entry);
   }
   return MOEJIT_OK;
 }

@@ -281,6 +281,18 @@ Test(gemm, fp16_and_simt_paths) {
   run_both(ctx, &s, small_counts, 3, MOEJIT_GEMM_PATH_AUTO);
   moejit_spec b = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(32, 128, 64, 3, 4, 0));
   run_both(ctx, &b, small_counts, 3, MOEJIT_GEMM_PATH_SIMT);
+  /* AUTO under 64 rows: the 64x128 decode tile, built from a spec copy */
+  mj_gemm_plan d;
+  cr_assert_eq(mj_gemm_plan_make(&s, 2, MOEJIT_GEMM_PATH_AUTO, 8, &d), MOEJIT_OK);
+  cr_assert(d.decode && d.use_mma);
+  cr_assert_eq(d.tile_m, 64);
+  cr_assert_eq(d.tile_n, 128);
+  moejit_spec scratch;
+  const moejit_spec *ks = mj_gemm_kernel_spec(&s, 2, &d, &scratch);
+  cr_assert(ks == &scratch && ks->gemm2.tile_m == 64 && ks->gemm2.tile_n == 128);
+  cr_assert_eq(ks->gemm1.tile_m, s.gemm1.tile_m, "GEMM 1's tile is untouched");
+  cr_assert_eq(mj_gemm_plan_make(&s, 2, MOEJIT_GEMM_PATH_AUTO, 64, &d), MOEJIT_OK);
+  cr_assert(!d.decode, "64 rows and more keep the spec's tile");
   moejit_spec f = make_spec(264, 200, 5, MOEJIT_DTYPE_FP32, cfg(32, 64, 32, 2, 4, 0));
   run_both(ctx, &f, small_counts, 3, MOEJIT_GEMM_PATH_AUTO); /* fp32 -> SIMT */
   moejit_ctx_destroy(ctx);
@@ -408,7 +420,8 @@ Test(gemm, plan_matches_template_rules) {
   cr_assert_eq(p.warps_m, 1);
   cr_assert_eq(p.smem_bytes, 4u * (64 + 256) * 64 * 2);
   s.gemm2 = cfg(16, 64, 64, 4, 8, 0); /* 4 16x16 pieces for 8 warps: k-split 2 */
-  cr_assert_eq(mj_gemm_plan_make(&s, 2, MOEJIT_GEMM_PATH_AUTO, 8, &p), MOEJIT_OK);
+  cr_assert_eq(mj_gemm_plan_make(&s, 2, MOEJIT_GEMM_PATH_MMA, 8, &p), MOEJIT_OK);
+  cr_assert(!p.decode, "path MMA keeps the spec's tile");
   cr_assert_eq(p.warps_k, 2);
   cr_assert_eq(p.n_tiles, 2048 / 64);
   cr_assert_eq(p.smem_bytes, 4u * (16 + 64) * 64 * 2);
