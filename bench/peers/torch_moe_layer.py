@@ -164,6 +164,8 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny made-up shapes (smoke test)")
+    ap.add_argument("--bias-scale", type=float, default=0.1,
+                    help="std of DeepSeek's random selection bias (0: none, as moejit run)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     torch.manual_seed(0)
@@ -171,11 +173,12 @@ def main():
     print(f"torch {torch.__version__}, device {dev}"
           + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
           + f", _grouped_mm {'present' if has_gmm else 'absent'}", flush=True)
-    print(f"{'preset':<16}{'T':>7}{'eager loop ms':>15}{'grouped_mm ms':>15}{'max |diff|':>12}",
+    print(f"{'preset':<16}{'T':>7}{'eager loop ms':>15}{'grouped_mm ms':>15}{'max |diff|':>12}{'experts':>9}",
           flush=True)
     for name in args.presets.split(","):
         p = load_preset(name.strip(), args.tiny)
         w1, w2, bias = make_weights(p, dev)
+        bias = bias * (args.bias_scale / 0.1)
         for T in (int(t) for t in args.tokens.split(",")):
             x = torch.randn(T, p["d"], device=dev).to(torch.bfloat16)
             logits = torch.randn(T, p["E"], device=dev)
@@ -191,7 +194,10 @@ def main():
                     except (RuntimeError, NotImplementedError) as err:
                         gmm, diff = "n/a", ""
                         print(f"  grouped_mm failed: {str(err).splitlines()[0][:100]}", flush=True)
-            print(f"{p['name']:<16}{T:>7}{loop_ms:>15.3f}{gmm:>15}{diff:>12}", flush=True)
+            with torch.no_grad():  # distinct experts routed to: the weight bytes that must move
+                experts = route(p, logits, bias)[1].unique().numel()
+            print(f"{p['name']:<16}{T:>7}{loop_ms:>15.3f}{gmm:>15}{diff:>12}{experts:>9}",
+                  flush=True)
             del x, logits
         del w1, w2, bias
         if dev.type == "cuda":
