@@ -18,6 +18,10 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
 int cli_flag(char **argv, int i, const char *name);
 /* Parses a positive int option value or prints an error (returns 0). */
 int cli_parse_int(const char *opt, const char *text, int lo, int hi, int *out);
+/* An argument no option took: an unknown "-..." option, else the CONFIG
+ * positional (stored in *config; a second one is refused). Returns 0 or
+ * CLI_EXIT_USAGE after saying why; `cmd` names the command for --help. */
+int cli_positional(const char *arg, const char **config, const char *cmd);
 
 /* Loads a spec from a YAML path, or from an embedded preset when `preset`
  * is set or `arg` names one; NULL both: the default preset. Prints the

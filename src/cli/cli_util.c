@@ -39,6 +39,19 @@ int cli_parse_int(const char *opt, const char *text, int lo, int hi, int *out) {
   return 1;
 }
 
+int cli_positional(const char *arg, const char **config, const char *cmd) {
+  if (arg[0] == '-' && arg[1]) {
+    fprintf(stderr, "moejit: unknown option '%s' (see moejit %s --help)\n", arg, cmd);
+    return CLI_EXIT_USAGE;
+  }
+  if (*config) {
+    fprintf(stderr, "moejit: more than one CONFIG given ('%s')\n", arg);
+    return CLI_EXIT_USAGE;
+  }
+  *config = arg;
+  return 0;
+}
+
 int cli_fail(moejit_status st, const char *what) {
   const char *msg = moejit_last_error();
   fprintf(stderr, "moejit: %s: %s%s%s\n", what, moejit_status_str(st), *msg ? ": " : "", msg);

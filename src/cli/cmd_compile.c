@@ -79,7 +79,7 @@ typedef struct compile_args {
 static int parse_args(int argc, char **argv, compile_args *a, int is_gen) {
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
-    int bad = 0;
+    int bad = 0, rc;
     if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return -1;
     if (cli_opt_value(argc, argv, &i, "--preset", &a->preset, &bad) ||
         cli_opt_value(argc, argv, &i, "--arch", &a->arch, &bad) ||
@@ -93,14 +93,8 @@ static int parse_args(int argc, char **argv, compile_args *a, int is_gen) {
       a->json = 1;
     } else if (!is_gen && cli_flag(argv, i, "--no-cache")) {
       a->no_cache = 1;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "moejit: unknown option '%s' (see --help)\n", argv[i]);
-      return CLI_EXIT_USAGE;
-    } else if (!a->config) {
-      a->config = argv[i];
-    } else {
-      fprintf(stderr, "moejit: more than one CONFIG given ('%s')\n", argv[i]);
-      return CLI_EXIT_USAGE;
+    } else if ((rc = cli_positional(argv[i], &a->config, (is_gen ? "gen" : "compile")))) {
+      return rc;
     }
   }
   return 0;

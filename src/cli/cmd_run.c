@@ -61,7 +61,7 @@ static int parse_tokens(const char *text, run_args *a) {
 static int parse_args(int argc, char **argv, run_args *a) {
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
-    int bad = 0;
+    int bad = 0, rc;
     if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return -1;
     if (cli_opt_value(argc, argv, &i, "--preset", &a->preset, &bad) ||
         cli_opt_value(argc, argv, &i, "--cache-dir", &a->cache_dir, &bad)) {
@@ -72,14 +72,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
       if (bad || !cli_parse_int("--iters", v, 1, 100000, &a->iters)) return CLI_EXIT_USAGE;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "moejit: unknown option '%s' (see moejit run --help)\n", argv[i]);
-      return CLI_EXIT_USAGE;
-    } else if (!a->config) {
-      a->config = argv[i];
-    } else {
-      fprintf(stderr, "moejit: more than one CONFIG given ('%s')\n", argv[i]);
-      return CLI_EXIT_USAGE;
+    } else if ((rc = cli_positional(argv[i], &a->config, "run"))) {
+      return rc;
     }
   }
   if (!a->n_tokens) {

@@ -72,7 +72,7 @@ static moejit_status encode_map(const char *op, const char *what, CUtensorMap *m
  * work only) and passed by value (__grid_constant__). */
 static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec *spec,
                                   const moejit_gemm_args *args, const mj_gemm_plan *plan,
-                                  CUfunction fn, moejit_stream stream) {
+                                  moejit_kernel *kernel, moejit_stream stream) {
   const char *op = which == 1 ? "moejit_gemm1_swiglu" : "moejit_gemm2";
   CUtensorMap map_a, map_w;
   /* the driver validates the maps against the current context's device */
@@ -92,7 +92,7 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
   void *params1[] = {&map_a, &map_w, &out, &offsets, &max_rows};
   void *params2[] = {&map_a, &map_w, &out, &offsets, &scale, &max_rows};
   const unsigned grid[3] = {plan->grid, 1, 1}, block[3] = {plan->threads, 1, 1};
-  return mj_ctx_launch(ctx, fn, grid, block, plan->smem_bytes, stream,
+  return moejit_kernel_launch(ctx, kernel, grid, block, plan->smem_bytes, stream,
                        which == 1 ? params1 : params2);
 }
 
@@ -108,13 +108,14 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   if ((st = mj_gemm_plan_make_for(spec, which, args->path, args->max_rows, mj_ctx_arch(ctx),
                                    &plan)))
     return mj_ctx_fail(ctx, st);
-  CUfunction fn;
+  /* the kernel handle carries its launch limits: no lookup by CUfunction */
+  moejit_kernel *kernel;
   moejit_spec scratch;
   const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, &plan, &scratch);
-  if ((st = mj_ctx_get_function(ctx, kspec, plan.family, plan.entry, &fn)))
+  if ((st = moejit_ctx_get_kernel(ctx, kspec, plan.family, plan.entry, &kernel)))
     return mj_ctx_fail(ctx, st);
   if (plan.use_wgmma) {
-    st = launch_wgmma(which, ctx, spec, args, &plan, fn, stream);
+    st = launch_wgmma(which, ctx, spec, args, &plan, kernel, stream);
     return st ? mj_ctx_fail(ctx, st) : MOEJIT_OK;
   }
   const void *a = args->a, *w = args->w;
@@ -126,7 +127,7 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   void *params1[] = {&a, &w, &out, &offsets, &max_rows};
   void *params2[] = {&a, &w, &out, &offsets, &scale, &max_rows};
   const unsigned grid[3] = {plan.grid, 1, 1}, block[3] = {plan.threads, 1, 1};
-  st = mj_ctx_launch(ctx, fn, grid, block, plan.smem_bytes, stream,
+  st = moejit_kernel_launch(ctx, kernel, grid, block, plan.smem_bytes, stream,
                      which == 1 ? params1 : params2);
   return st ? mj_ctx_fail(ctx, st) : MOEJIT_OK;
 }
