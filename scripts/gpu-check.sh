@@ -54,6 +54,9 @@ if want sanitize; then
       timeout "${GPU_CHECK_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --report-api-errors no --target-processes all --error-exitcode 9 \
         "$B/tests/$t" --jobs=1 >"$log" 2>&1
       rc=$?
+      # a timeout ends the sanitizer, not its target: stop the test too, or it
+      # keeps the GPU busy under whatever runs next (seen skewing benchmarks 2x)
+      pkill -KILL -f "$B/tests/$t" 2>/dev/null
       note "compute-sanitizer $tool $t: rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | sort | uniq -c | tr -s ' ' | head -3 | tr '\n' ' ')"
     done
   done
