@@ -27,6 +27,9 @@ typedef struct mj_embedded_file {
 } mj_embedded_file;
 extern const mj_embedded_file mj_embedded_presets[];
 extern const size_t mj_embedded_presets_count;
+/* The tuned tables of configs/tuned/, named by file name ("NVIDIA_H100_80GB_HBM3.yaml"). */
+extern const mj_embedded_file mj_embedded_tuned[];
+extern const size_t mj_embedded_tuned_count;
 
 /* ------------------------------------------------------------------------ */
 /* Internal to src/config: loader limits, the YAML tree, the rule checker.  */

@@ -170,10 +170,12 @@ static int wg_stages(int want, int stage_bytes) {
   return s;
 }
 
-/* The wgmma plan (mj_wg_shape of the spec's tile, or of the narrow 64 x 64
- * x 64, 8-stage decode tile when the spec's tile would leave SMs idle). */
+/* The wgmma plan (mj_wg_shape of the spec's tile, or, under AUTO, of the
+ * narrow 64 x 64 x 64, 8-stage decode tile when the spec's tile would leave
+ * SMs idle; an explicit WGMMA path keeps the spec's tile, so a tuned table
+ * or the autotuner gets exactly the tile it names). */
 static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gemm_cfg *g,
-                            int64_t max_rows, mj_gemm_plan *p) {
+                            moejit_gemm_path path, int64_t max_rows, mj_gemm_plan *p) {
   int tm = g->tile_m < 64 ? 64 : g->tile_m, tn = g->tile_n, want = g->stages * g->tile_k / 64;
   int cols = which == 1 ? tn / 2 : tn;
   int64_t active = max_rows < spec->experts ? max_rows : spec->experts;
@@ -181,7 +183,8 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   const char *force = getenv("MOEJIT_GEMM_WGMMA_NARROW"); /* tests: "0" never, "1" always */
   int narrow = force && (!strcmp(force, "0") || !strcmp(force, "1"))
                    ? force[0] == '1'
-                   : ctas < MJ_WG_NARROW_CTAS && (tm > 64 || tn > 64);
+                   : path == MOEJIT_GEMM_PATH_AUTO && ctas < MJ_WG_NARROW_CTAS &&
+                         (tm > 64 || tn > 64);
   if (narrow) tm = 64, tn = 64, want = 8;
   p->entry = which == 1 ? (narrow ? "moejit_gemm1_swiglu_wgmma_narrow" : "moejit_gemm1_swiglu_wgmma")
                         : (narrow ? "moejit_gemm2_wgmma_narrow" : "moejit_gemm2_wgmma");
@@ -223,7 +226,7 @@ static moejit_status plan_make(const moejit_spec *spec, int which, moejit_gemm_p
   p->n_tiles = (p->n_out + out_cols_per_tile - 1) / out_cols_per_tile;
   int64_t blocks;
   if (use_wgmma) {
-    fill_wgmma_plan(spec, which, g, max_rows, p);
+    fill_wgmma_plan(spec, which, g, path, max_rows, p);
     blocks = (int64_t)p->m_slots * p->n_tiles;
   } else if (p->use_mma) {
     p->entry = which == 1 ? "moejit_gemm1_swiglu_mma" : "moejit_gemm2_mma";

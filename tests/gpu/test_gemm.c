@@ -461,8 +461,15 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(p.wg_box_a_rows, 64);
   cr_assert_eq(p.wg_box_w_rows, 128); /* gate half, then up half */
   cr_assert_eq(p.w_rows, 128LL * 2 * 768);
-  /* decode: 8 rows would give 48 CTAs: the narrow 64x64 tile, 8 stages */
+  /* decode: an explicit WGMMA path keeps the spec's tile (tuned choices) */
   cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, 8, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma");
+  /* under AUTO (forced onto wgmma), 8 rows would give 48 CTAs: the narrow
+   * 64x64 tile, 8 stages */
+  setenv("MOEJIT_GEMM_WGMMA", "1", 1);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 8, "sm_90a", &p), MOEJIT_OK);
+  unsetenv("MOEJIT_GEMM_WGMMA");
+  cr_assert(p.use_wgmma);
   cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
   cr_assert_eq(p.n_tiles, 768 / 32);
   cr_assert_eq(p.wg_stages, 8);
