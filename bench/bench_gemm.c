@@ -207,12 +207,17 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, c
  * (tile sweeps); tile_m 0 = keep the preset's. */
 static moejit_gemm_cfg g_override[2];
 
-static int parse_tile(const char *text, moejit_gemm_cfg *g) {
-  return sscanf(text, "%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
-                &g->warps) == 5;
+/* M,N,K,STAGES,WARPS[,RASTER] (raster 0: along M, 1: along N; -1 keeps the spec's) */
+static int g_raster[2] = {-1, -1};
+
+static int parse_tile(const char *text, moejit_gemm_cfg *g, int *raster) {
+  int n = sscanf(text, "%d,%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
+                 &g->warps, raster);
+  return (n == 5 || n == 6) && *raster >= -1 && *raster <= 1;
 }
 
-static void apply_override(moejit_gemm_cfg *dst, const moejit_gemm_cfg *o) {
+static void apply_override(moejit_gemm_cfg *dst, const moejit_gemm_cfg *o, int raster) {
+  if (raster >= 0) dst->raster = (moejit_raster)raster;
   if (!o->tile_m) return;
   dst->tile_m = o->tile_m, dst->tile_n = o->tile_n, dst->tile_k = o->tile_k;
   dst->stages = o->stages, dst->warps = o->warps;
@@ -222,8 +227,8 @@ static void bench_preset(moejit_ctx *ctx, const char *name, const int64_t *token
                          int iters, moejit_stream stream) {
   moejit_spec s;
   CHECK(moejit_spec_load_preset(name, &s));
-  apply_override(&s.gemm1, &g_override[0]);
-  apply_override(&s.gemm2, &g_override[1]);
+  apply_override(&s.gemm1, &g_override[0], g_raster[0]);
+  apply_override(&s.gemm2, &g_override[1], g_raster[1]);
   if (moejit_spec_validate(&s) != MOEJIT_OK) {
     printf("# %s: tile override rejected: %s\n", name, moejit_last_error());
     return;
@@ -396,14 +401,14 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--path") && i + 1 < argc && parse_paths(argv[i + 1])) {
       i++;
     } else if ((!strcmp(argv[i], "--gemm1") || !strcmp(argv[i], "--gemm2")) && i + 1 < argc &&
-               parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'])) {
+               parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'], &g_raster[argv[i][6] - '1'])) {
       i++;
     } else if (!strcmp(argv[i], "--smoke")) {
       smoke = 1;
     } else {
       printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
              "                         [--path auto|mma|wgmma|both] [--smoke]\n"
-             "                         [--gemm1 M,N,K,STAGES,WARPS] [--gemm2 M,N,K,STAGES,WARPS]\n"
+             "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER]] [--gemm2 ...]\n"
              "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
              "qwen3-30b-a3b, deepseek-v3) at T tokens with random uniform top-k routing:\n"
              "median of N launches after 3 warm-ups, against the floor\n"

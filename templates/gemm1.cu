@@ -110,8 +110,8 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
-typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages> Gemm1Wg;
-typedef mj_wg_shape<64, 64, 64, 8> Gemm1WgNarrow;
+typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts> Gemm1Wg;
+typedef mj_wg_shape<64, 64, 64, 8, kExperts> Gemm1WgNarrow;
 
 template <class S>
 __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ h,
@@ -123,13 +123,15 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
     mj_wg_check_smem<S>();
     constexpr int kHalf = S::kTN / 2; // h columns per n-tile
     constexpr int kNTiles = (kExpertWidth + kHalf - 1) / kHalf;
-    mj_gemm_tile t;
-    if (!mj_gemm_find_tile<S::kTM, S::kThreads, kExperts, kRaster>(offsets, max_rows, kNTiles, &t))
-      return;
-    const int h_col0 = t.n_tile * kHalf;
-    const int w_gate = t.expert * 2 * kExpertWidth + h_col0; // first gate row in W1 [E*2f, d]
-    mj_wg_gemm<S, act_t, kHidden, true>(
-        ta, tw, t.row0, w_gate, w_gate + kExpertWidth, [&](float (&acc)[S::kMB][S::kAcc], int c) {
+    // B rows of a tile: its gate rows in W1 [E*2f, d], and the up rows f further
+    const auto w_rows = [](const mj_gemm_tile &t, int *gate, int *up) {
+      *gate = t.expert * 2 * kExpertWidth + t.n_tile * kHalf;
+      *up = *gate + kExpertWidth;
+    };
+    mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster>(
+        ta, tw, offsets, max_rows, kNTiles, w_rows,
+        [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
+          const int h_col0 = t.n_tile * kHalf;
 #pragma unroll
           for (int mb = 0; mb < S::kMB; ++mb) {
 #pragma unroll

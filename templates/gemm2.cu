@@ -94,8 +94,8 @@ moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, a
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
-typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages> Gemm2Wg;
-typedef mj_wg_shape<64, 64, 64, 8> Gemm2WgNarrow;
+typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts> Gemm2Wg;
+typedef mj_wg_shape<64, 64, 64, 8, kExperts> Gemm2WgNarrow;
 
 template <class S>
 __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ y,
@@ -107,12 +107,14 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
   } else {
     mj_wg_check_smem<S>();
     constexpr int kNTiles = (kHidden + S::kTN - 1) / S::kTN;
-    mj_gemm_tile t;
-    if (!mj_gemm_find_tile<S::kTM, S::kThreads, kExperts, kRaster>(offsets, max_rows, kNTiles, &t))
-      return;
-    const int n0 = t.n_tile * S::kTN;
-    mj_wg_gemm<S, act_t, kExpertWidth, false>(
-        ta, tw, t.row0, t.expert * kHidden + n0, 0, [&](float (&acc)[S::kMB][S::kAcc], int c) {
+    const auto w_rows = [](const mj_gemm_tile &t, int *row0, int *unused) {
+      *row0 = t.expert * kHidden + t.n_tile * S::kTN; // in W2 [E*d, f]
+      *unused = 0;
+    };
+    mj_wg_gemm<S, act_t, kExpertWidth, false, kExperts, kRaster>(
+        ta, tw, offsets, max_rows, kNTiles, w_rows,
+        [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
+          const int n0 = t.n_tile * S::kTN;
 #pragma unroll
           for (int mb = 0; mb < S::kMB; ++mb) {
 #pragma unroll

@@ -91,7 +91,11 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
   int max_rows = (int)args->max_rows;
   void *params1[] = {&map_a, &map_w, &out, &offsets, &max_rows};
   void *params2[] = {&map_a, &map_w, &out, &offsets, &scale, &max_rows};
-  const unsigned grid[3] = {plan->grid, 1, 1}, block[3] = {plan->threads, 1, 1};
+  /* persistent: one CTA per SM (the pipeline fills the SM's shared memory),
+   * never more CTAs than tiles the rows could make */
+  const unsigned sms = (unsigned)mj_ctx_sm_count(ctx);
+  const unsigned grid[3] = {plan->grid < sms ? plan->grid : sms, 1, 1};
+  const unsigned block[3] = {plan->threads, 1, 1};
   return moejit_kernel_launch(ctx, kernel, grid, block, plan->smem_bytes, stream,
                        which == 1 ? params1 : params2);
 }

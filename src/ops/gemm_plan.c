@@ -163,10 +163,15 @@ static void fill_mma_plan(const moejit_spec *spec, const moejit_gemm_cfg *g, int
   p->m_slots = (int)(max_rows / g->tile_m + spec->experts);
 }
 
-/* mj_wg_stages: stages * tile_k in 64-wide k-tiles, 2..8, within budget. */
-static int wg_stages(int want, int stage_bytes) {
+/* mj_wg_stages: stages * tile_k in 64-wide k-tiles, 2..8, within budget
+ * beside the tile table (mj_wg_table_bytes: int [E + 1], 16-byte rounded). */
+static int wg_table_bytes(int experts) {
+  return ((experts + 1) * 4 + 15) / 16 * 16;
+}
+
+static int wg_stages(int want, int stage_bytes, int extra) {
   int s = want < 2 ? 2 : (want > 8 ? 8 : want);
-  while (s > 2 && 1024 + s * (stage_bytes + 16) > MJ_WG_SMEM_BUDGET) --s;
+  while (s > 2 && 1024 + s * (stage_bytes + 16) + extra > MJ_WG_SMEM_BUDGET) --s;
   return s;
 }
 
@@ -193,8 +198,9 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   p->tile_m = tm, p->tile_n = tn;
   p->threads = 128u * (unsigned)(1 + consumers);
   p->warps_m = consumers, p->warps_n = 1, p->warps_k = 1;
-  p->wg_stages = wg_stages(want, stage_bytes);
-  p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16));
+  const int table = wg_table_bytes(spec->experts);
+  p->wg_stages = wg_stages(want, stage_bytes, table);
+  p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16) + table);
   p->wg_box_a_rows = tm;
   p->wg_box_w_rows = which == 1 ? tn / 2 : tn;
   p->w_rows = (int64_t)spec->experts * (which == 1 ? 2 * spec->expert_width : spec->hidden);

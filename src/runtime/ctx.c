@@ -149,6 +149,10 @@ const char *mj_ctx_arch(const moejit_ctx *ctx) {
   return ctx ? ctx->info.arch : "";
 }
 
+int mj_ctx_sm_count(const moejit_ctx *ctx) {
+  return ctx && ctx->info.sm_count > 0 ? ctx->info.sm_count : 1;
+}
+
 unsigned long mj_ctx_module_loads(moejit_ctx *ctx) {
   return ctx ? atomic_load(&ctx->module_loads) : 0;
 }

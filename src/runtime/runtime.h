@@ -26,6 +26,8 @@ moejit_status mj_ctx_limits(moejit_ctx *ctx, mj_device_limits *out);
 
 /* The arch every kernel of this ctx is compiled for ("sm_90a"). */
 const char *mj_ctx_arch(const moejit_ctx *ctx);
+/* The device's multiprocessor count (1 when unknown). */
+int mj_ctx_sm_count(const moejit_ctx *ctx);
 
 /* Generates, compiles (or loads from cache) and loads the module of
  * `family` for `spec` on this context's arch, then returns the entry's

@@ -9,6 +9,7 @@
 #define MOEJIT_COMMON_GEMM_WGMMA_CUH
 
 #include "common/gemm_mainloop.cuh"
+#include "common/gemm_tiles.cuh"
 #include "common/gemm_wgmma_mma.cuh"
 
 // A CUtensorMap as a kernel parameter (NVRTC has no cuda.h): 128 opaque
@@ -30,17 +31,24 @@ struct alignas(64) mj_tmap {
 static constexpr int kWgSmemBudget = 232448 - 1024;
 
 // Stages: the spec's bytes of K in flight (stages * tile_k) in 64-wide
-// k-tiles, 2..8, fewer when they would not fit the budget.
-__host__ __device__ constexpr int mj_wg_stages(int want, int stage_bytes) {
+// k-tiles, 2..8, fewer when they would not fit the budget beside `extra`
+// bytes (the persistent scheduler's per-expert tile table).
+__host__ __device__ constexpr int mj_wg_stages(int want, int stage_bytes, int extra) {
   int s = want < 2 ? 2 : (want > 8 ? 8 : want);
-  while (s > 2 && 1024 + s * (stage_bytes + 16) > kWgSmemBudget) --s;
+  while (s > 2 && 1024 + s * (stage_bytes + 16) + extra > kWgSmemBudget) --s;
   return s;
+}
+
+// Bytes of the tile table: the first M-tile of each expert, [EXPERTS + 1]
+// ints, rounded up to 16.
+__host__ __device__ constexpr int mj_wg_table_bytes(int experts) {
+  return ((experts + 1) * 4 + 15) / 16 * 16;
 }
 
 // The CTA shape of the wgmma kernel for a spec tile TM x TN x TK, STAGES.
 // Rows: at least 64 (wgmma's M); 128 or 256 rows are split over two consumer
 // warpgroups. K-tiles are 64 elements: one 128-byte swizzle atom per row.
-template <int TM, int TN, int TK, int STAGES> struct mj_wg_shape {
+template <int TM, int TN, int TK, int STAGES, int EXPERTS> struct mj_wg_shape {
   static constexpr int kTM = TM < 64 ? 64 : TM;
   static constexpr int kConsumers = kTM >= 128 ? 2 : 1;
   static constexpr int kWgRows = kTM / kConsumers; // rows per consumer warpgroup
@@ -50,10 +58,11 @@ template <int TM, int TN, int TK, int STAGES> struct mj_wg_shape {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kStageA = kTM * 128, kStageB = kTN * 128;
   static constexpr int kStageBytes = kStageA + kStageB;
-  static constexpr int kStages = mj_wg_stages(STAGES * TK / 64, kStageBytes);
+  static constexpr int kTableBytes = mj_wg_table_bytes(EXPERTS);
+  static constexpr int kStages = mj_wg_stages(STAGES * TK / 64, kStageBytes, kTableBytes);
   // +1024: the tiles start at the next 1024-byte boundary (swizzle atoms);
-  // 16 bytes per stage: its full and empty mbarriers.
-  static constexpr int kSmemBytes = 1024 + kStages * (kStageBytes + 16);
+  // 16 bytes per stage: its full and empty mbarriers; then the tile table.
+  static constexpr int kSmemBytes = 1024 + kStages * (kStageBytes + 16) + kTableBytes;
   static constexpr int kAcc = kTN / 2; // fp32 accumulators per thread per m64 block
   // The register budget: at most 128 accumulators per consumer thread.
   static constexpr bool kFits = kMB * kTN <= 256 && kTN >= 32 && kTN <= 256 && kTN % 32 == 0;
@@ -159,53 +168,137 @@ template <int N> __device__ __forceinline__ void mj_setmaxnreg_dec() {
 
 // Shared memory layout from the 1024-aligned base: kStages A tiles
 // [kTM][64], kStages B tiles [kTN][64] (each row 128 swizzled bytes), then
-// full[kStages] and empty[kStages] mbarriers (8 bytes each).
+// full[kStages] and empty[kStages] mbarriers (8 bytes each), then the tile
+// table (int [EXPERTS + 1]).
 template <class S> struct mj_wg_smem {
-  unsigned a, b, full, empty;
+  unsigned a, b, full, empty, table;
   __device__ explicit mj_wg_smem(unsigned raw) {
     a = (raw + 1023u) & ~1023u;
     b = a + S::kStages * S::kStageA;
     full = b + S::kStages * S::kStageB;
     empty = full + S::kStages * 8;
+    table = empty + S::kStages * 8;
   }
 };
 
-// The producer: one thread issues the TMA loads of every k-tile: A rows
-// [a_row0, +kTM) and B rows [w_row0, +kTN) (kSplitB: [w_row0, +kTN/2) then
-// [w_row1, +kTN/2), gemm1's gate and up halves).
-template <class S, int K, bool kSplitB>
-__device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, const mj_tmap *ta,
-                                              const mj_tmap *tw, int a_row0, int w_row0,
-                                              int w_row1) {
-  constexpr int kTiles = (K + 63) / 64;
-  mj_tma_prefetch(ta);
-  mj_tma_prefetch(tw);
+// ---- the persistent tile scheduler ----------------------------------------
+// Work items are (M-tile, n-tile) pairs over the M-tiles of all experts:
+// expert e owns ceil(rows_e / TM) M-tiles, numbered from table[e] (table[E]
+// is their total), so no CTA waits on an empty slot. CTA b takes items b,
+// b + gridDim.x, ...; items come in groups of kWgGroupM M-tiles, and inside a
+// group raster 0 walks the M-tiles fastest (the CTAs running at once share
+// weight tiles), raster 1 the n-tiles (they share activation tiles). Both
+// keep what runs at once inside a few experts' weights and a few hundred
+// activation rows, which L2 holds.
+static constexpr int kWgGroupM = 8;
+
+// Fills table[0..E] from the expert offsets (clamped, as mj_gemm_find_tile
+// reads them). Called by one whole warp; the block syncs before reading it.
+template <int TM, int EXPERTS>
+__device__ __forceinline__ void mj_wg_build_table(int *table, const int *offsets, int max_rows) {
+  constexpr int kPer = (EXPERTS + 31) / 32;
+  const int lane = threadIdx.x & 31, e0 = lane * kPer;
+  int sum = 0;
+#pragma unroll 1
+  for (int e = e0; e < e0 + kPer && e < EXPERTS; ++e) {
+    const int lo = mj_clamped_offset(offsets, e, max_rows);
+    const int hi = mj_clamped_offset(offsets, e + 1, max_rows);
+    const int tiles = hi > lo ? (hi - lo + TM - 1) / TM : 0;
+    table[e + 1] = tiles;
+    sum += tiles;
+  }
+  int incl = sum; // inclusive scan over the lanes
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  int run = incl - sum;
+  __syncwarp();
+#pragma unroll 1
+  for (int e = e0; e < e0 + kPer && e < EXPERTS; ++e) {
+    run += table[e + 1];
+    table[e + 1] = run;
+  }
+  if (lane == 0) table[0] = 0;
+}
+
+// Item w of the schedule -> its tile (every item has rows).
+template <int TM, int EXPERTS, int RASTER>
+__device__ __forceinline__ mj_gemm_tile mj_wg_item(const int *table, const int *offsets, int max_rows,
+                                                   int n_tiles, int w) {
+  const int total_m = table[EXPERTS];
+  const int per_group = kWgGroupM * n_tiles;
+  const int group = w / per_group, within = w - group * per_group;
+  const int m_base = group * kWgGroupM;
+  const int rows = total_m - m_base < kWgGroupM ? total_m - m_base : kWgGroupM;
+  mj_gemm_tile t;
+  int mt;
+  if (RASTER == 0) {
+    mt = m_base + within % rows;
+    t.n_tile = within / rows;
+  } else {
+    mt = m_base + within / n_tiles;
+    t.n_tile = within % n_tiles;
+  }
+  int lo = 0, hi = EXPERTS; // table[lo] <= mt < table[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (table[mid] <= mt) lo = mid;
+    else hi = mid;
+  }
+  const int first = mj_clamped_offset(offsets, lo, max_rows);
+  const int end = mj_clamped_offset(offsets, lo + 1, max_rows);
+  t.expert = lo;
+  t.row0 = first + (mt - table[lo]) * TM;
+  t.row_end = t.row0 + TM < end ? t.row0 + TM : end;
+  return t;
+}
+
+// The pipeline position both sides keep across the tiles of a persistent
+// CTA: the stage in use and the parity of its current phase.
+struct mj_wg_ring {
   int s = 0;
   unsigned phase = 0;
+  template <class S> __device__ __forceinline__ void next() {
+    if (++s == S::kStages) s = 0, phase ^= 1u;
+  }
+};
+
+// The producer: one thread issues the TMA loads of every k-tile of one tile:
+// A rows [a_row0, +kTM) and B rows [w_row0, +kTN) (kSplitB: [w_row0, +kTN/2)
+// then [w_row1, +kTN/2), gemm1's gate and up halves). It runs ahead into the
+// next tile while the consumers store this one.
+template <class S, int K, bool kSplitB>
+__device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
+                                              const mj_tmap *ta, const mj_tmap *tw, int a_row0,
+                                              int w_row0, int w_row1) {
+  constexpr int kTiles = (K + 63) / 64;
 #pragma unroll 1
   for (int kt = 0; kt < kTiles; ++kt) {
-    const unsigned full = sm.full + s * 8;
-    mj_mbar_wait(sm.empty + s * 8, phase ^ 1u); // consumers are done with this stage
+    const unsigned full = sm.full + ring.s * 8;
+    mj_mbar_wait(sm.empty + ring.s * 8, ring.phase ^ 1u); // consumers are done with this stage
     mj_mbar_expect_tx(full, S::kStageBytes);
     const int k0 = kt * 64;
-    const unsigned b = sm.b + s * S::kStageB;
-    mj_tma_load_2d(sm.a + s * S::kStageA, ta, k0, a_row0, full);
+    const unsigned b = sm.b + ring.s * S::kStageB;
+    mj_tma_load_2d(sm.a + ring.s * S::kStageA, ta, k0, a_row0, full);
     if constexpr (kSplitB) {
       mj_tma_load_2d(b, tw, k0, w_row0, full);
       mj_tma_load_2d(b + S::kStageB / 2, tw, k0, w_row1, full);
     } else {
       mj_tma_load_2d(b, tw, k0, w_row0, full);
     }
-    if (++s == S::kStages) s = 0, phase ^= 1u;
+    ring.next<S>();
   }
 }
 
 // A consumer warpgroup (c = 0 or 1): rows [c * kWgRows, +kWgRows) of the tile
 // against all kTN B rows, summed over K into acc. Each k-tile's wgmmas form
 // one group; once the group before it has completed, that stage goes back to
-// the producer (one arrival per consumer warp).
+// the producer (one arrival per consumer warp); the last stage goes back
+// when all are done.
 template <class S, typename T, int K>
-__device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, int c,
+__device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_ring &ring, int c,
                                               float (&acc)[S::kMB][S::kAcc]) {
   constexpr int kTiles = (K + 63) / 64;
   typedef mj_wgmma_op<S::kTN, mj_same_type<T, __nv_bfloat16>::value> Op;
@@ -214,16 +307,15 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, int c,
   for (int mb = 0; mb < S::kMB; ++mb)
 #pragma unroll
     for (int i = 0; i < S::kAcc; ++i) acc[mb][i] = 0.f;
-  int s = 0, prev = 0;
-  unsigned phase = 0;
+  int prev = 0;
 #pragma unroll 1
   for (int kt = 0; kt < kTiles; ++kt) {
-    mj_mbar_wait(sm.full + s * 8, phase); // the stage's TMA bytes have landed
+    mj_mbar_wait(sm.full + ring.s * 8, ring.phase); // the stage's TMA bytes have landed
 #pragma unroll
     for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
     mj_wgmma_fence();
-    const unsigned a = sm.a + s * S::kStageA + c * S::kWgRows * 128;
-    const unsigned b = sm.b + s * S::kStageB;
+    const unsigned a = sm.a + ring.s * S::kStageA + c * S::kWgRows * 128;
+    const unsigned b = sm.b + ring.s * S::kStageB;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const unsigned long long db = mj_wg_desc(b + kk * 32);
@@ -235,21 +327,27 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, int c,
 #pragma unroll
     for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
     if (kt > 0 && signals) mj_mbar_arrive(sm.empty + prev * 8);
-    prev = s;
-    if (++s == S::kStages) s = 0, phase ^= 1u;
+    prev = ring.s;
+    ring.next<S>();
   }
   mj_wgmma_wait<0>();
 #pragma unroll
   for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
+  if (signals) mj_mbar_arrive(sm.empty + prev * 8);
 }
 
-// One CTA tile: barrier setup, the warp-specialized pipeline, then
-// epi(acc, c) in each consumer thread. Every thread of the block calls it.
-template <class S, typename T, int K, bool kSplitB, class Epi>
-__device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, int a_row0,
-                                           int w_row0, int w_row1, const Epi &epi) {
+// The persistent grouped GEMM: barrier and tile-table setup, then the
+// warp-specialized pipeline over the CTA's work items (mj_wg_item). For each
+// tile, w_rows(t, &w_row0, &w_row1) names its B rows and epi(acc, c, t)
+// stores it in each consumer thread. Every thread of the block calls it.
+template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, class WRows, class Epi>
+__device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, const int *offsets,
+                                           int max_rows, int n_tiles, const WRows &w_rows,
+                                           const Epi &epi) {
   const mj_wg_smem<S> sm(mj_smem_u32(mj_gemm_smem));
-  if (threadIdx.x == 0) {
+  int *table = reinterpret_cast<int *>(mj_gemm_smem + (sm.table - mj_smem_u32(mj_gemm_smem)));
+  if (threadIdx.x < 32) mj_wg_build_table<S::kTM, EXPERTS>(table, offsets, max_rows);
+  if (threadIdx.x == 32) {
 #pragma unroll 1
     for (int s = 0; s < S::kStages; ++s) {
       mj_mbar_init(sm.full + s * 8, 1);                   // the producer's expect_tx
@@ -260,15 +358,30 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  const int items = table[EXPERTS] * n_tiles;
   const int wg = threadIdx.x / 128;
+  mj_wg_ring ring;
   if (wg == 0) {
     if constexpr (S::kConsumers == 2) mj_setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) mj_wg_produce<S, K, kSplitB>(sm, ta, tw, a_row0, w_row0, w_row1);
+    if (threadIdx.x != 0) return;
+    mj_tma_prefetch(ta);
+    mj_tma_prefetch(tw);
+#pragma unroll 1
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+      const mj_gemm_tile t = mj_wg_item<S::kTM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w);
+      int w_row0, w_row1;
+      w_rows(t, &w_row0, &w_row1);
+      mj_wg_produce<S, K, kSplitB>(sm, ring, ta, tw, t.row0, w_row0, w_row1);
+    }
   } else {
     if constexpr (S::kConsumers == 2) mj_setmaxnreg_inc<232>();
     float acc[S::kMB][S::kAcc];
-    mj_wg_consume<S, T, K>(sm, wg - 1, acc);
-    epi(acc, wg - 1);
+#pragma unroll 1
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+      const mj_gemm_tile t = mj_wg_item<S::kTM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w);
+      mj_wg_consume<S, T, K>(sm, ring, wg - 1, acc);
+      epi(acc, wg - 1, t);
+    }
   }
 }
 

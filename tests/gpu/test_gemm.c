@@ -457,7 +457,7 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(p.m_slots, 1000 / 64 + 128);
   cr_assert_eq(p.grid, (unsigned)(p.m_slots * 6));
   cr_assert_eq(p.wg_stages, 4);
-  cr_assert_eq(p.smem_bytes, 1024u + 4u * ((64 + 256) * 128 + 16));
+  cr_assert_eq(p.smem_bytes, 1024u + 4u * ((64 + 256) * 128 + 16) + 528u); /* + table [129] */
   cr_assert_eq(p.wg_box_a_rows, 64);
   cr_assert_eq(p.wg_box_w_rows, 128); /* gate half, then up half */
   cr_assert_eq(p.w_rows, 128LL * 2 * 768);
@@ -473,7 +473,7 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
   cr_assert_eq(p.n_tiles, 768 / 32);
   cr_assert_eq(p.wg_stages, 8);
-  cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 64) * 128 + 16));
+  cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 64) * 128 + 16) + 528u);
   cr_assert_eq(p.wg_box_w_rows, 32);
   /* 128-row tiles: two consumer warpgroups */
   s.gemm2 = cfg(128, 128, 64, 4, 8, 0);
