@@ -163,14 +163,14 @@ static void fill_mma_plan(const moejit_spec *spec, const moejit_gemm_cfg *g, int
   p->m_slots = (int)(max_rows / g->tile_m + spec->experts);
 }
 
-/* mj_wg_stages: stages * tile_k in 64-wide k-tiles, 2..8, within budget
+/* mj_wg_stages: stages * tile_k in 64-wide k-tiles, 2..16, within budget
  * beside the tile table (mj_wg_table_bytes: int [E + 1], 16-byte rounded). */
 static int wg_table_bytes(int experts) {
   return ((experts + 1) * 4 + 15) / 16 * 16;
 }
 
 static int wg_stages(int want, int stage_bytes, int extra) {
-  int s = want < 2 ? 2 : (want > 8 ? 8 : want);
+  int s = want < 2 ? 2 : (want > 16 ? 16 : want);
   while (s > 2 && 1024 + s * (stage_bytes + 16) + extra > MJ_WG_SMEM_BUDGET) --s;
   return s;
 }

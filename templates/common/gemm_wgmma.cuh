@@ -31,10 +31,10 @@ struct alignas(64) mj_tmap {
 static constexpr int kWgSmemBudget = 232448 - 1024;
 
 // Stages: the spec's bytes of K in flight (stages * tile_k) in 64-wide
-// k-tiles, 2..8, fewer when they would not fit the budget beside `extra`
+// k-tiles, 2..16, fewer when they would not fit the budget beside `extra`
 // bytes (the persistent scheduler's per-expert tile table).
 __host__ __device__ constexpr int mj_wg_stages(int want, int stage_bytes, int extra) {
-  int s = want < 2 ? 2 : (want > 8 ? 8 : want);
+  int s = want < 2 ? 2 : (want > 16 ? 16 : want);
   while (s > 2 && 1024 + s * (stage_bytes + 16) + extra > kWgSmemBudget) --s;
   return s;
 }
