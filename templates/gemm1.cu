@@ -13,7 +13,7 @@
 // dtype and d, f multiples of 8) and moejit_gemm1_swiglu_simt (any dtypes;
 // the reference) take (A, W1, h, offsets [E+1] int32, max_rows).
 // moejit_gemm1_swiglu_wgmma and _wgmma_narrow (sm_90a only; the narrow one
-// is a 64 x 64-B-row tile for decode) take (TMA map of A, TMA map of W1, h,
+// is a 64 x 128-B-row tile for decode) take (TMA map of A, TMA map of W1, h,
 // offsets, max_rows); their B tile is the gate box then the up box of the
 // same h columns, so acc columns j and j + kTN/2 pair up in one thread.
 #include "common/gemm_config.cuh"
@@ -111,7 +111,7 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
 typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts> Gemm1Wg;
-typedef mj_wg_shape<64, 64, 64, 8, kExperts> Gemm1WgNarrow;
+typedef mj_wg_shape<64, 128, 64, 8, kExperts> Gemm1WgNarrow; // gemm_plan.c: MJ_WG_NARROW_*
 
 template <class S>
 __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ h,

@@ -8,7 +8,7 @@
 // dtype and d, f multiples of 8) and moejit_gemm2_simt (any dtypes; the
 // reference) take (h, W2, y, offsets [E+1] int32, scale, max_rows).
 // moejit_gemm2_wgmma and _wgmma_narrow (sm_90a only; the narrow one is a
-// 64 x 64 tile for decode) take (TMA map of h, TMA map of W2, y, offsets,
+// 64 x 128 tile for decode) take (TMA map of h, TMA map of W2, y, offsets,
 // scale, max_rows).
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
@@ -95,7 +95,7 @@ moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, a
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
 typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts> Gemm2Wg;
-typedef mj_wg_shape<64, 64, 64, 8, kExperts> Gemm2WgNarrow;
+typedef mj_wg_shape<64, 128, 64, 8, kExperts> Gemm2WgNarrow; // gemm_plan.c: MJ_WG_NARROW_*
 
 template <class S>
 __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ y,

@@ -54,9 +54,10 @@ typedef enum moejit_gemm_path {
   /* Hopper tensor cores (wgmma fed by TMA; the ctx's arch must be sm_90a,
    * dtypes fp16 or bf16 and equal, d and f multiples of 8, tile_m * tile_n
    * within the register budget: see docs/gemm.md) or MOEJIT_ERR_UNSUPPORTED
-   * saying why not. AUTO picks it on sm_90a for max_rows >= 64 (fewer rows:
-   * mma.sync); the environment variable MOEJIT_GEMM_WGMMA=0 keeps AUTO off
-   * it, MOEJIT_GEMM_WGMMA=1 makes AUTO take it for any max_rows. */
+   * saying why not. AUTO picks it on sm_90a (with a narrow 64 x 128 tile
+   * when the spec's tile would give fewer than 264 tiles); the environment
+   * variable MOEJIT_GEMM_WGMMA=0 keeps AUTO off it. An explicit WGMMA path
+   * runs exactly the spec's tile. */
   MOEJIT_GEMM_PATH_WGMMA = 3
 } moejit_gemm_path;
 

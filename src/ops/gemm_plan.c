@@ -12,20 +12,24 @@
 #define MJ_GEMM_SIMT_MAX_BLOCKS (1u << 20)
 
 /* Whether AUTO takes the wgmma path on sm_90a when MOEJIT_GEMM_WGMMA is
- * unset (it passed the GPU tests on an H100 and runs 1.1-1.4x faster than
- * mma.sync from T*k = 2048 rows up). */
+ * unset: it passed the GPU tests on an H100 and, persistent, runs 1.2-1.8x
+ * faster than mma.sync at large T; with the narrow tile it also wins decode
+ * (H100, T = 1: qwen3-30b-a3b GEMM 1 24.6 us, GEMM 2 15.3 us; mixtral-8x7b
+ * GEMM 2 102 us against 191 us on mma.sync's decode tile). */
 #define MJ_GEMM_WGMMA_DEFAULT 1
-/* Under this many rows (decode, T*k < 64) AUTO keeps mma.sync: measured on an
- * H100, qwen3-30b-a3b at T = 1 ran gemm2 in 21.7 us on mma.sync and 32.7 us
- * on the narrow wgmma entry. */
-#define MJ_WG_AUTO_MIN_ROWS 64
 
 /* mj_wg_shape (templates/common/gemm_wgmma.cuh): the dynamic shared memory
  * the pipeline may take (H100 opt-in limit less 1 KiB of static), and the
- * CTA count under which the decode ("narrow", 64 x 64, 8 stages) entry
- * replaces the spec's tile: two CTAs per SM of an H100 (132 SMs). */
+ * work-item count under which the narrow entry (64 x 128, 8 stages of
+ * 64-wide k-tiles) replaces the spec's tile: two tiles per H100 SM (132). */
 #define MJ_WG_SMEM_BUDGET (232448 - 1024)
 #define MJ_WG_NARROW_CTAS 264
+#define MJ_WG_NARROW_TM 64
+#define MJ_WG_NARROW_TN 128
+#define MJ_WG_NARROW_KTILES 8
+/* On other archs AUTO runs mma.sync on a 64-row decode tile under this many
+ * rows (kDecodeTile below). */
+#define MJ_MMA_DECODE_ROWS 64
 
 void mj_gemm_warp_layout(int tile_m, int tile_n, int warps, int *wm_out, int *wn_out,
                          int *wk_out) {
@@ -114,10 +118,7 @@ static moejit_status choose_wgmma(const moejit_spec *spec, int which, moejit_gem
   const char *blocker = mj_gemm_wgmma_blocker(spec, which);
   *use_wgmma = 0;
   if (path == MOEJIT_GEMM_PATH_AUTO) {
-    const char *env = getenv("MOEJIT_GEMM_WGMMA");
-    const int forced = env && strcmp(env, "1") == 0;
-    *use_wgmma = is_sm90a(arch) && mj_gemm_wgmma_enabled() && !blocker &&
-                 (forced || max_rows >= MJ_WG_AUTO_MIN_ROWS);
+    *use_wgmma = is_sm90a(arch) && mj_gemm_wgmma_enabled() && !blocker;
     return MOEJIT_OK;
   }
   if (path != MOEJIT_GEMM_PATH_WGMMA) return MOEJIT_OK;
@@ -189,8 +190,8 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   int narrow = force && (!strcmp(force, "0") || !strcmp(force, "1"))
                    ? force[0] == '1'
                    : path == MOEJIT_GEMM_PATH_AUTO && ctas < MJ_WG_NARROW_CTAS &&
-                         (tm > 64 || tn > 64);
-  if (narrow) tm = 64, tn = 64, want = 8;
+                         (tm != MJ_WG_NARROW_TM || tn != MJ_WG_NARROW_TN);
+  if (narrow) tm = MJ_WG_NARROW_TM, tn = MJ_WG_NARROW_TN, want = MJ_WG_NARROW_KTILES;
   p->entry = which == 1 ? (narrow ? "moejit_gemm1_swiglu_wgmma_narrow" : "moejit_gemm1_swiglu_wgmma")
                         : (narrow ? "moejit_gemm2_wgmma_narrow" : "moejit_gemm2_wgmma");
   int consumers = tm >= 128 ? 2 : 1, stage_bytes = (tm + tn) * 128;
@@ -253,7 +254,7 @@ static moejit_status plan_make(const moejit_spec *spec, int which, moejit_gemm_p
   return MOEJIT_OK;
 }
 
-/* Decode launches (fewer than MJ_WG_AUTO_MIN_ROWS rows) stream weights: a
+/* Decode launches (fewer than MJ_MMA_DECODE_ROWS rows) on mma.sync stream weights: a
  * 64-row tile holds fewer idle rows and takes less shared memory per stage,
  * so more CTAs stream at once. Measured on an H100 through the whole layer
  * (qwen3-30b-a3b, T = 1): 0.069 ms with 64x256 / 64x128 tiles against 0.092
@@ -286,7 +287,7 @@ static int decode_spec(const moejit_spec *spec, int which, moejit_spec *d) {
 moejit_status mj_gemm_plan_make_for(const moejit_spec *spec, int which, moejit_gemm_path path,
                                     int64_t max_rows, const char *arch, mj_gemm_plan *p) {
   moejit_status st = plan_make(spec, which, path, max_rows, arch, p);
-  if (st || !p->use_mma || path != MOEJIT_GEMM_PATH_AUTO || max_rows >= MJ_WG_AUTO_MIN_ROWS)
+  if (st || !p->use_mma || path != MOEJIT_GEMM_PATH_AUTO || max_rows >= MJ_MMA_DECODE_ROWS)
     return st;
   moejit_spec d;
   if (!decode_spec(spec, which, &d)) return MOEJIT_OK;

@@ -328,6 +328,10 @@ Test(gemm, preset_shapes_qwen3) {
   int32_t dec[128] = {0};
   for (int i = 0; i < 8; i++) dec[(i * 37 + 5) % 128] = 1;
   run_both(ctx, &d, dec, 0, MOEJIT_GEMM_PATH_AUTO);
+  /* the same decode on mma.sync's 64-row decode tile (AUTO's pick off sm_90a) */
+  setenv("MOEJIT_GEMM_WGMMA", "0", 1);
+  run_both(ctx, &d, dec, 0, MOEJIT_GEMM_PATH_AUTO);
+  unsetenv("MOEJIT_GEMM_WGMMA");
   moejit_ctx_destroy(ctx);
 }
 
@@ -464,17 +468,18 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   /* decode: an explicit WGMMA path keeps the spec's tile (tuned choices) */
   cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, 8, "sm_90a", &p), MOEJIT_OK);
   cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma");
-  /* under AUTO (forced onto wgmma), 8 rows would give 48 CTAs: the narrow
-   * 64x64 tile, 8 stages */
-  setenv("MOEJIT_GEMM_WGMMA", "1", 1);
+  /* under AUTO, 8 rows would give 48 work items: the narrow 64x128 tile,
+   * 8 stages */
   cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 8, "sm_90a", &p), MOEJIT_OK);
-  unsetenv("MOEJIT_GEMM_WGMMA");
   cr_assert(p.use_wgmma);
   cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
-  cr_assert_eq(p.n_tiles, 768 / 32);
+  cr_assert_eq(p.n_tiles, 768 / 64);
   cr_assert_eq(p.wg_stages, 8);
-  cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 64) * 128 + 16) + 528u);
-  cr_assert_eq(p.wg_box_w_rows, 32);
+  cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 128) * 128 + 16) + 528u);
+  cr_assert_eq(p.wg_box_w_rows, 64);
+  /* other archs: mma.sync on the 64-row decode tile */
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 8, "sm_80", &p), MOEJIT_OK);
+  cr_assert(p.use_mma && p.decode && !p.use_wgmma);
   /* 128-row tiles: two consumer warpgroups */
   s.gemm2 = cfg(128, 128, 64, 4, 8, 0);
   cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_WGMMA, 100000, "sm_90a", &p), MOEJIT_OK);
