@@ -112,8 +112,18 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
 
 typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts> Gemm1Wg;
 typedef mj_wg_shape<64, 128, 64, 8, kExperts> Gemm1WgNarrow; // gemm_plan.c: MJ_WG_NARROW_*
+// cluster_m 2 (sm_90a): CTA pairs along M share each weight tile by TMA
+// multicast; the entry then carries the cluster shape.
+#if MJ_WGMMA_AVAILABLE && MJ_CLUSTER_M == 2
+static constexpr int kWgCluster = 2;
+// (named like an attribute so that codegen's entry scan reads it as one)
+#define __mj_wg_cluster_dims__(unused) __cluster_dims__(2, 1, 1)
+#else
+static constexpr int kWgCluster = 1;
+#define __mj_wg_cluster_dims__(unused)
+#endif
 
-template <class S>
+template <class S, int CM>
 __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ h,
                                                const int *__restrict__ offsets, int max_rows) {
 #if MJ_WGMMA_AVAILABLE
@@ -128,7 +138,7 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
       *gate = t.expert * 2 * kExpertWidth + t.n_tile * kHalf;
       *up = *gate + kExpertWidth;
     };
-    mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster>(
+    mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM>(
         ta, tw, offsets, max_rows, kNTiles, w_rows,
         [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
           const int h_col0 = t.n_tile * kHalf;
@@ -156,14 +166,14 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1)
+extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
 moejit_gemm1_swiglu_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                           act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
-  mj_gemm1_wgmma<Gemm1Wg>(&tmap_a, &tmap_w, h, offsets, max_rows);
+  mj_gemm1_wgmma<Gemm1Wg, kWgCluster>(&tmap_a, &tmap_w, h, offsets, max_rows);
 }
 
 extern "C" __global__ void __launch_bounds__(Gemm1WgNarrow::kThreads, 1)
 moejit_gemm1_swiglu_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                                  act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
-  mj_gemm1_wgmma<Gemm1WgNarrow>(&tmap_a, &tmap_w, h, offsets, max_rows);
+  mj_gemm1_wgmma<Gemm1WgNarrow, 1>(&tmap_a, &tmap_w, h, offsets, max_rows);
 }

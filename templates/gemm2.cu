@@ -96,8 +96,18 @@ moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, a
 
 typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts> Gemm2Wg;
 typedef mj_wg_shape<64, 128, 64, 8, kExperts> Gemm2WgNarrow; // gemm_plan.c: MJ_WG_NARROW_*
+// cluster_m 2 (sm_90a): CTA pairs along M share each weight tile by TMA
+// multicast; the entry then carries the cluster shape.
+#if MJ_WGMMA_AVAILABLE && MJ_CLUSTER_M == 2
+static constexpr int kWgCluster = 2;
+// (named like an attribute so that codegen's entry scan reads it as one)
+#define __mj_wg_cluster_dims__(unused) __cluster_dims__(2, 1, 1)
+#else
+static constexpr int kWgCluster = 1;
+#define __mj_wg_cluster_dims__(unused)
+#endif
 
-template <class S>
+template <class S, int CM>
 __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ y,
                                                const int *__restrict__ offsets, const float *__restrict__ scale,
                                                int max_rows) {
@@ -111,7 +121,7 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
       *row0 = t.expert * kHidden + t.n_tile * S::kTN; // in W2 [E*d, f]
       *unused = 0;
     };
-    mj_wg_gemm<S, act_t, kExpertWidth, false, kExperts, kRaster>(
+    mj_wg_gemm<S, act_t, kExpertWidth, false, kExperts, kRaster, CM>(
         ta, tw, offsets, max_rows, kNTiles, w_rows,
         [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
           const int n0 = t.n_tile * S::kTN;
@@ -138,16 +148,16 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(Gemm2Wg::kThreads, 1)
+extern "C" __global__ void __launch_bounds__(Gemm2Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
 moejit_gemm2_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                    act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
                    int max_rows) {
-  mj_gemm2_wgmma<Gemm2Wg>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
+  mj_gemm2_wgmma<Gemm2Wg, kWgCluster>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }
 
 extern "C" __global__ void __launch_bounds__(Gemm2WgNarrow::kThreads, 1)
 moejit_gemm2_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                           act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
                           int max_rows) {
-  mj_gemm2_wgmma<Gemm2WgNarrow>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
+  mj_gemm2_wgmma<Gemm2WgNarrow, 1>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }

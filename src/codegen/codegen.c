@@ -186,6 +186,8 @@ static void emit_gemm_constants(mj_buf *b, const moejit_gemm_cfg *g) {
                 "static constexpr int kClusterM = %d;\nstatic constexpr int kClusterN = %d;\n"
                 "static constexpr int kRaster = %d; // 0 along_m, 1 along_n\n",
                 g->cluster_m, g->cluster_n, (int)g->raster);
+  /* a macro too: kernel attributes (__cluster_dims__) are chosen by #if */
+  mj_buf_printf(b, "#define MJ_CLUSTER_M %d\n", g->cluster_m);
 }
 
 static moejit_status emit_prelude(mj_buf *b, const moejit_spec *s, const char *family,

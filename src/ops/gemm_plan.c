@@ -203,7 +203,10 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   p->wg_stages = wg_stages(want, stage_bytes, table);
   p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16) + table);
   p->wg_box_a_rows = tm;
-  p->wg_box_w_rows = which == 1 ? tn / 2 : tn;
+  /* cluster_m 2: CTA pairs along M; each loads half of the weight tile (for
+   * GEMM 1 the gate or the up box) and multicasts it to both */
+  p->wg_cluster = !narrow && g->cluster_m == 2 ? 2 : 1;
+  p->wg_box_w_rows = which == 1 || p->wg_cluster == 2 ? tn / 2 : tn;
   p->w_rows = (int64_t)spec->experts * (which == 1 ? 2 * spec->expert_width : spec->hidden);
   p->n_tiles = (p->n_out + (which == 1 ? tn / 2 : tn) - 1) / (which == 1 ? tn / 2 : tn);
   p->m_slots = (int)(max_rows / tm + spec->experts);

@@ -95,6 +95,35 @@ __device__ __forceinline__ void mj_mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+// ---- thread-block clusters ------------------------------------------------
+
+__device__ __forceinline__ unsigned mj_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned mj_cluster_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned mj_cluster_count() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+// All non-exited threads of the cluster (not .aligned: the producer warp
+// reaches it with one thread).
+__device__ __forceinline__ void mj_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// Arrives on the mbarrier at shared offset `bar` of cluster CTA `rank`.
+__device__ __forceinline__ void mj_mbar_arrive_cluster(unsigned bar, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
 // Waits until the phase of parity `parity` has completed (a fresh barrier
 // is in phase 0: waiting for parity 1 returns at once).
 __device__ __forceinline__ void mj_mbar_wait(unsigned bar, unsigned parity) {
@@ -126,6 +155,17 @@ __device__ __forceinline__ void mj_tma_load_2d(unsigned dst, const mj_tmap *map,
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(k0), "r"(row0), "r"(bar)
+      : "memory");
+}
+
+// mj_tma_load_2d into the same shared offset of every CTA in `mask` (bit r:
+// cluster rank r), completing the bytes on each one's mbarrier at `bar`.
+__device__ __forceinline__ void mj_tma_load_2d_multicast(unsigned dst, const mj_tmap *map, int k0,
+                                                         int row0, unsigned bar, unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(k0), "r"(row0), "r"(bar), "h"(mask)
       : "memory");
 }
 
@@ -223,10 +263,13 @@ __device__ __forceinline__ void mj_wg_build_table(int *table, const int *offsets
   if (lane == 0) table[0] = 0;
 }
 
-// Item w of the schedule -> its tile (every item has rows).
-template <int TM, int EXPERTS, int RASTER>
+// Item w of the schedule -> the tile of cluster rank `rank`. Table units are
+// CM M-tiles (a cluster's CTAs take consecutive M-tiles of one expert, so
+// they share the weight tile); a rank past the expert's last M-tile gets an
+// empty tile (row_end == row0: it loads and multiplies, stores nothing).
+template <int TM, int CM, int EXPERTS, int RASTER>
 __device__ __forceinline__ mj_gemm_tile mj_wg_item(const int *table, const int *offsets, int max_rows,
-                                                   int n_tiles, int w) {
+                                                   int n_tiles, int w, int rank) {
   const int total_m = table[EXPERTS];
   const int per_group = kWgGroupM * n_tiles;
   const int group = w / per_group, within = w - group * per_group;
@@ -250,8 +293,8 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_item(const int *table, const int *
   const int first = mj_clamped_offset(offsets, lo, max_rows);
   const int end = mj_clamped_offset(offsets, lo + 1, max_rows);
   t.expert = lo;
-  t.row0 = first + (mt - table[lo]) * TM;
-  t.row_end = t.row0 + TM < end ? t.row0 + TM : end;
+  t.row0 = first + ((mt - table[lo]) * CM + rank) * TM;
+  t.row_end = t.row0 >= end ? t.row0 : (t.row0 + TM < end ? t.row0 + TM : end);
   return t;
 }
 
@@ -268,11 +311,14 @@ struct mj_wg_ring {
 // The producer: one thread issues the TMA loads of every k-tile of one tile:
 // A rows [a_row0, +kTM) and B rows [w_row0, +kTN) (kSplitB: [w_row0, +kTN/2)
 // then [w_row1, +kTN/2), gemm1's gate and up halves). It runs ahead into the
-// next tile while the consumers store this one.
-template <class S, int K, bool kSplitB>
+// next tile while the consumers store this one. In a cluster of CM = 2, each
+// CTA loads its own A and one half of the shared B tile, multicast into both
+// CTAs (rank 0 the first half, rank 1 the second), so B crosses L2 once per
+// pair; a stage is reloaded only when both CTAs' consumers released it.
+template <class S, int K, bool kSplitB, int CM>
 __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
                                               const mj_tmap *ta, const mj_tmap *tw, int a_row0,
-                                              int w_row0, int w_row1) {
+                                              int w_row0, int w_row1, unsigned rank) {
   constexpr int kTiles = (K + 63) / 64;
 #pragma unroll 1
   for (int kt = 0; kt < kTiles; ++kt) {
@@ -282,7 +328,10 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
     const int k0 = kt * 64;
     const unsigned b = sm.b + ring.s * S::kStageB;
     mj_tma_load_2d(sm.a + ring.s * S::kStageA, ta, k0, a_row0, full);
-    if constexpr (kSplitB) {
+    if constexpr (CM == 2) {
+      const int row = kSplitB ? (rank == 0 ? w_row0 : w_row1) : w_row0 + (int)rank * (S::kTN / 2);
+      mj_tma_load_2d_multicast(b + rank * (S::kStageB / 2), tw, k0, row, full, (unsigned short)3);
+    } else if constexpr (kSplitB) {
       mj_tma_load_2d(b, tw, k0, w_row0, full);
       mj_tma_load_2d(b + S::kStageB / 2, tw, k0, w_row1, full);
     } else {
@@ -292,12 +341,23 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
   }
 }
 
+// Gives stage `stage` back: to this CTA's producer, or (CM = 2) to both
+// CTAs' producers, whose loads write into both.
+template <int CM> __device__ __forceinline__ void mj_wg_release(unsigned empty_bar) {
+  if constexpr (CM == 1) {
+    mj_mbar_arrive(empty_bar);
+  } else {
+#pragma unroll
+    for (unsigned r = 0; r < (unsigned)CM; ++r) mj_mbar_arrive_cluster(empty_bar, r);
+  }
+}
+
 // A consumer warpgroup (c = 0 or 1): rows [c * kWgRows, +kWgRows) of the tile
 // against all kTN B rows, summed over K into acc. Each k-tile's wgmmas form
 // one group; once the group before it has completed, that stage goes back to
 // the producer (one arrival per consumer warp); the last stage goes back
 // when all are done.
-template <class S, typename T, int K>
+template <class S, typename T, int K, int CM>
 __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_ring &ring, int c,
                                               float (&acc)[S::kMB][S::kAcc]) {
   constexpr int kTiles = (K + 63) / 64;
@@ -326,38 +386,47 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
     mj_wgmma_wait<1>(); // k-tile kt-1's wgmmas are done: its stage is free
 #pragma unroll
     for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
-    if (kt > 0 && signals) mj_mbar_arrive(sm.empty + prev * 8);
+    if (kt > 0 && signals) mj_wg_release<CM>(sm.empty + prev * 8);
     prev = ring.s;
     ring.next<S>();
   }
   mj_wgmma_wait<0>();
 #pragma unroll
   for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
-  if (signals) mj_mbar_arrive(sm.empty + prev * 8);
+  if (signals) mj_wg_release<CM>(sm.empty + prev * 8);
 }
 
 // The persistent grouped GEMM: barrier and tile-table setup, then the
 // warp-specialized pipeline over the CTA's work items (mj_wg_item). For each
 // tile, w_rows(t, &w_row0, &w_row1) names its B rows and epi(acc, c, t)
-// stores it in each consumer thread. Every thread of the block calls it.
-template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, class WRows, class Epi>
+// stores it in each consumer thread. Every thread of the block calls it. CM
+// (1 or 2) is the cluster size along M: the kernel entry must then carry
+// __cluster_dims__(CM, 1, 1) and the grid be a multiple of CM.
+template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, class WRows,
+          class Epi>
 __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, const int *offsets,
                                            int max_rows, int n_tiles, const WRows &w_rows,
                                            const Epi &epi) {
+  static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
   const mj_wg_smem<S> sm(mj_smem_u32(mj_gemm_smem));
   int *table = reinterpret_cast<int *>(mj_gemm_smem + (sm.table - mj_smem_u32(mj_gemm_smem)));
-  if (threadIdx.x < 32) mj_wg_build_table<S::kTM, EXPERTS>(table, offsets, max_rows);
+  if (threadIdx.x < 32) mj_wg_build_table<S::kTM * CM, EXPERTS>(table, offsets, max_rows);
   if (threadIdx.x == 32) {
 #pragma unroll 1
     for (int s = 0; s < S::kStages; ++s) {
-      mj_mbar_init(sm.full + s * 8, 1);                   // the producer's expect_tx
-      mj_mbar_init(sm.empty + s * 8, 4 * S::kConsumers); // one per consumer warp
+      mj_mbar_init(sm.full + s * 8, 1);                        // the producer's expect_tx
+      mj_mbar_init(sm.empty + s * 8, 4 * S::kConsumers * CM); // each consumer warp of the cluster
     }
-    // Make the initialized barriers visible to the async proxy (TMA).
+    // Make the initialized barriers visible to the async proxy (TMA) and,
+    // in a cluster, to the other CTA.
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  const unsigned rank = CM == 1 ? 0u : mj_cluster_rank();
+  const int first = CM == 1 ? (int)blockIdx.x : (int)mj_cluster_id();
+  const int stride = CM == 1 ? (int)gridDim.x : (int)mj_cluster_count();
+  if constexpr (CM > 1) mj_cluster_sync(); // the peer's barriers exist before any multicast
   const int items = table[EXPERTS] * n_tiles;
   const int wg = threadIdx.x / 128;
   mj_wg_ring ring;
@@ -367,22 +436,24 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
     mj_tma_prefetch(ta);
     mj_tma_prefetch(tw);
 #pragma unroll 1
-    for (int w = blockIdx.x; w < items; w += gridDim.x) {
-      const mj_gemm_tile t = mj_wg_item<S::kTM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w);
+    for (int w = first; w < items; w += stride) {
+      const mj_gemm_tile t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
       int w_row0, w_row1;
       w_rows(t, &w_row0, &w_row1);
-      mj_wg_produce<S, K, kSplitB>(sm, ring, ta, tw, t.row0, w_row0, w_row1);
+      mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, w_row0, w_row1, rank);
     }
   } else {
     if constexpr (S::kConsumers == 2) mj_setmaxnreg_inc<232>();
     float acc[S::kMB][S::kAcc];
 #pragma unroll 1
-    for (int w = blockIdx.x; w < items; w += gridDim.x) {
-      const mj_gemm_tile t = mj_wg_item<S::kTM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w);
-      mj_wg_consume<S, T, K>(sm, ring, wg - 1, acc);
+    for (int w = first; w < items; w += stride) {
+      const mj_gemm_tile t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
+      mj_wg_consume<S, T, K, CM>(sm, ring, wg - 1, acc);
       epi(acc, wg - 1, t);
     }
   }
+  // No CTA leaves while its peer may still arrive on its barriers.
+  if constexpr (CM > 1) mj_cluster_sync();
 }
 
 #endif // MJ_WGMMA_AVAILABLE

@@ -314,6 +314,34 @@ Test(gemm, routing_edge_cases) {
   moejit_ctx_destroy(ctx);
 }
 
+/* cluster_m 2 on the wgmma path: CTA pairs share each weight tile by TMA
+ * multicast. Counts give experts with an odd number of 128-row tiles (the
+ * pair's second CTA then has no rows), exact tile multiples, a single row and
+ * empty experts, on a narrow grid and a wide one. */
+Test(gemm, wgmma_cluster_pairs) {
+  moejit_ctx *ctx = ctx_or_skip();
+  if (!ctx_is_sm90a(ctx)) {
+    moejit_ctx_destroy(ctx);
+    cr_skip_test("wgmma clusters need an sm_90a device");
+  }
+  const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
+  const moejit_gemm_cfg tiles[] = {cfg(128, 256, 64, 4, 8, 0), cfg(128, 128, 64, 4, 8, 1),
+                                   cfg(64, 256, 64, 4, 8, 0)};
+  for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
+    moejit_spec s = make_spec(264, 200, 8, MOEJIT_DTYPE_BF16, tiles[i]);
+    s.gemm1.cluster_m = s.gemm2.cluster_m = 2;
+    cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+    for (int which = 1; which <= 2; which++) {
+      gemm_case c = {ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, counts, 5, which == 2, tol_of(s.act_dtype)};
+      setenv("MOEJIT_GEMM_WGMMA_NARROW", "0", 1);
+      double err = run_case(&c);
+      unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
+      cr_expect(err <= c.tolerance, "tile %d: gemm%d cluster 2: rel error %.3g", (int)i, which, err);
+    }
+  }
+  moejit_ctx_destroy(ctx);
+}
+
 /* The presets' d and f with few experts (the reference costs M*N*K). */
 Test(gemm, preset_shapes_qwen3) {
   moejit_ctx *ctx = ctx_or_skip();
@@ -383,7 +411,9 @@ Test(gemm, argument_checks) {
   a = ok, a.path = MOEJIT_GEMM_PATH_MMA;
   cr_assert_eq(moejit_gemm1_swiglu(ctx, &f, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
   moejit_spec w12 = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(64, 128, 64, 3, 12, 0));
+  setenv("MOEJIT_GEMM_WGMMA", "0", 1); /* AUTO on mma.sync, which takes 4 or 8 warps */
   cr_assert_eq(moejit_gemm2(ctx, &w12, &ok, NULL), MOEJIT_ERR_UNSUPPORTED);
+  unsetenv("MOEJIT_GEMM_WGMMA");
   cr_assert(strstr(moejit_last_error(), "warps"), "%s", moejit_last_error());
   a = ok, a.path = MOEJIT_GEMM_PATH_WGMMA; /* fp32: the wgmma kernel cannot take it */
   cr_assert_eq(moejit_gemm2(ctx, &f, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
@@ -477,9 +507,20 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(p.wg_stages, 8);
   cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 128) * 128 + 16) + 528u);
   cr_assert_eq(p.wg_box_w_rows, 64);
-  /* other archs: mma.sync on the 64-row decode tile */
-  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 8, "sm_80", &p), MOEJIT_OK);
+  /* other archs: mma.sync on the 64-row decode tile (GEMM 2's: 64x128) */
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_AUTO, 8, "sm_80", &p), MOEJIT_OK);
   cr_assert(p.use_mma && p.decode && !p.use_wgmma);
+  cr_assert_eq(p.tile_m, 64);
+  cr_assert_eq(p.tile_n, 128);
+  /* cluster_m 2: pairs along M, each loading half of the weight tile */
+  moejit_spec c = s;
+  c.gemm2 = cfg(128, 256, 64, 4, 8, 0);
+  c.gemm2.cluster_m = 2;
+  cr_assert_eq(mj_gemm_plan_make_for(&c, 2, MOEJIT_GEMM_PATH_WGMMA, 100000, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_eq(p.wg_cluster, 2);
+  cr_assert_eq(p.wg_box_w_rows, 128);
+  cr_assert_eq(mj_gemm_plan_make_for(&c, 2, MOEJIT_GEMM_PATH_AUTO, 8, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_eq(p.wg_cluster, 1, "the narrow decode tile runs without clusters");
   /* 128-row tiles: two consumer warpgroups */
   s.gemm2 = cfg(128, 128, 64, 4, 8, 0);
   cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_WGMMA, 100000, "sm_90a", &p), MOEJIT_OK);
