@@ -93,11 +93,15 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
   void *params2[] = {&map_a, &map_w, &out, &offsets, &scale, &max_rows};
   /* persistent: one CTA per SM (the pipeline fills the SM's shared memory),
    * never more CTAs than tiles the rows could make */
-  unsigned sms = (unsigned)mj_ctx_sm_count(ctx), want = plan->grid;
-  if (plan->wg_cluster == 2) /* whole clusters: the pair shares every tile */
-    sms = sms >= 2 ? sms & ~1u : 2u, want += want & 1u;
-  const unsigned grid[3] = {want < sms ? want : sms, 1, 1};
   const unsigned block[3] = {plan->threads, 1, 1};
+  unsigned sms = (unsigned)mj_ctx_sm_count(ctx), want = plan->grid;
+  if (plan->wg_cluster == 2) { /* whole clusters, all resident at once */
+    const unsigned fit =
+        2u * (unsigned)mj_kernel_active_clusters(ctx, kernel, block, plan->smem_bytes, 2);
+    sms = sms >= 2 ? sms & ~1u : 2u, want += want & 1u;
+    if (fit >= 2 && fit < sms) sms = fit;
+  }
+  const unsigned grid[3] = {want < sms ? want : sms, 1, 1};
   return moejit_kernel_launch(ctx, kernel, grid, block, plan->smem_bytes, stream,
                        which == 1 ? params1 : params2);
 }

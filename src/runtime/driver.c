@@ -76,6 +76,8 @@ static const driver_symbol driver_symbols[] = {
     OPT(FuncGetParamInfo, "cuFuncGetParamInfo", "cuFuncGetParamInfo", 12040),
     OPT(TensorMapEncodeTiled, "cuTensorMapEncodeTiled", "cuTensorMapEncodeTiled",
         MJ_DRIVER_ABI_VERSION),
+    OPT(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters",
+        "cuOccupancyMaxActiveClusters", MJ_DRIVER_ABI_VERSION),
 };
 
 /* Outcome of the one-time load and init, replayed to every caller. */

@@ -204,3 +204,33 @@ moejit_status moejit_kernel_launch(moejit_ctx *ctx, moejit_kernel *kernel, const
   launch_target t = {kernel->function->fn, kernel->function, &kernel->function->dynamic_smem_limit};
   return launch(ctx, "moejit_kernel_launch", &t, grid, block, NULL, smem_bytes, stream, args);
 }
+
+int mj_kernel_active_clusters(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned block[3],
+                              unsigned smem, unsigned cluster_x) {
+  if (!ctx || !kernel || !kernel->function || cluster_x == 0) return 0;
+  mj_function *f = kernel->function;
+  int cached = atomic_load(&f->active_clusters);
+  if (cached != 0) return cached > 0 ? cached : 0;
+  if (!ctx->d->OccupancyMaxActiveClusters || mj_ctx_enter(ctx) != MOEJIT_OK) return 0;
+  launch_target t = {f->fn, f, &f->dynamic_smem_limit};
+  int n = 0;
+  moejit_status st = raise_smem_limit(ctx, &t, smem);
+  if (st == MOEJIT_OK) {
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster_x, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = cluster_x * (unsigned)(ctx->info.sm_count > 0 ? ctx->info.sm_count : 1);
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
+    cfg.sharedMemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (ctx->d->OccupancyMaxActiveClusters(&n, f->fn, &cfg) != CUDA_SUCCESS) n = 0;
+  }
+  mj_ctx_leave(ctx);
+  atomic_store(&f->active_clusters, n > 0 ? n : -1);
+  return n > 0 ? n : 0;
+}

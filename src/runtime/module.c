@@ -123,6 +123,7 @@ static moejit_status function_find(moejit_ctx *ctx, mj_module *m, const char *en
   f->num_params = func_param_count(ctx, fn);
   atomic_init(&f->dynamic_smem_limit,
               func_attr(ctx, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES));
+  atomic_init(&f->active_clusters, 0);
   m->functions[m->n_functions++] = f;
   *out = f;
   return MOEJIT_OK;

@@ -28,6 +28,13 @@ moejit_status mj_ctx_limits(moejit_ctx *ctx, mj_device_limits *out);
 const char *mj_ctx_arch(const moejit_ctx *ctx);
 /* The device's multiprocessor count (1 when unknown). */
 int mj_ctx_sm_count(const moejit_ctx *ctx);
+/* How many clusters of cluster_x CTAs of `kernel` (block, smem dynamic
+ * shared bytes) can be resident on the device at once, from
+ * cuOccupancyMaxActiveClusters, cached per kernel; 0 when unknown (old
+ * driver, query failed). Persistent kernels size their grid by it: a
+ * cluster that cannot start until another finishes doubles the time. */
+int mj_kernel_active_clusters(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned block[3],
+                              unsigned smem, unsigned cluster_x);
 
 /* Generates, compiles (or loads from cache) and loads the module of
  * `family` for `spec` on this context's arch, then returns the entry's
@@ -133,6 +140,7 @@ typedef struct mj_driver {
   PFN_cuLaunchKernelEx_v11060 LaunchKernelEx;
   PFN_cuFuncGetParamInfo_v12040 FuncGetParamInfo;
   PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncodeTiled; /* TMA descriptors (gemm wgmma path) */
+  PFN_cuOccupancyMaxActiveClusters_v11070 OccupancyMaxActiveClusters; /* persistent clusters */
 } mj_driver;
 
 /* Loads libcuda and resolves the table, once per process (thread-safe).

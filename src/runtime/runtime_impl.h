@@ -21,6 +21,7 @@ typedef struct mj_function {
   int num_regs;
   int num_params;                /* -1: unknown */
   atomic_int dynamic_smem_limit; /* current MAX_DYNAMIC_SHARED_SIZE_BYTES */
+  atomic_int active_clusters;    /* mj_kernel_active_clusters: 0 not asked, -1 unknown */
 } mj_function;
 
 /* One loaded cubin, keyed by its cache key. Functions are allocated one by
