@@ -34,10 +34,17 @@ typedef struct moejit_load_kernel {
   char config[64];              /* the launch shape, e.g. "128x256x64 s4 w8"
                                    or "block 256" */
   /* Where that shape came from: "heuristic" (the config's kernels section
-   * or the built-in defaults) today; a tuned table will report "tuned",
-   * with the table and bucket in config_detail. */
+   * or the built-in defaults; config_detail says why no tuned table
+   * applies) or "tuned" (gemm1/gemm2 only: the device's tuned table has
+   * entries for this shape; config reads "N buckets, T=a..b" and
+   * config_detail names the table and each bucket's tile and path). See
+   * docs/tuned-tables.md. */
   char config_source[32];
-  char config_detail[160];
+  char config_detail[512];
+  /* Tuned variants: kernels built besides the heuristic one (distinct
+   * tiles of the table's buckets), and how many of them were cache hits.
+   * cache_hit and ms above cover them too. */
+  int variants, variant_hits;
 } moejit_load_kernel;
 
 typedef struct moejit_load_report {
@@ -56,9 +63,12 @@ typedef struct moejit_load_opts {
   /* If non-NULL, filled by the load (on failure: as far as it got). The
    * same report is kept in the model: moejit_model_load_report. */
   moejit_load_report *report;
+  /* 1: ignore tuned tables, run the heuristic configuration at every T
+   * (as $MOEJIT_TUNED_DISABLE=1 does for every load). */
+  int tuned_disable;
 } moejit_load_opts;
 
-/* Zeroes opts (no report pointer). */
+/* Zeroes opts (no report pointer, tuned tables used). */
 MOEJIT_API void moejit_load_opts_init(moejit_load_opts *opts);
 
 /* Loads the whole layer: validates the spec, then generates and compiles
@@ -66,7 +76,15 @@ MOEJIT_API void moejit_load_opts_init(moejit_load_opts *opts);
  * on the ctx compiler's threads through the disk cache (the next load is all
  * cache hits), loads the modules and resolves every entry the forward
  * launches. opts NULL: defaults. Errors and ownership as moejit_model_load.
- * Thread-safe. */
+ *
+ * Tuned tables: the load reads the table of the ctx's device
+ * ($MOEJIT_TUNED_DIR/<device>.yaml, else the one embedded from
+ * configs/tuned/) and takes its gemm1/gemm2 entries for this spec's dtype
+ * and shape as the GEMM variants, one per token bucket; their kernels are
+ * built in the same parallel batch. The forward runs, per call, the
+ * variant of the bucket nearest to T (docs/tuned-tables.md). A table that
+ * exists but does not parse fails the load (CONFIG with file:line:col;
+ * opts->tuned_disable or $MOEJIT_TUNED_DISABLE=1 skip it). Thread-safe. */
 MOEJIT_API moejit_status moejit_model_load_spec(moejit_ctx *ctx, const moejit_spec *spec,
                                                 const moejit_load_opts *opts, moejit_model **out);
 
@@ -82,6 +100,25 @@ MOEJIT_API moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *c
  * call fills one). INVALID_ARGUMENT for NULL. Thread-safe. */
 MOEJIT_API moejit_status moejit_model_load_report(const moejit_model *model,
                                                   moejit_load_report *report);
+
+/* Where the configuration of one GEMM launch comes from. */
+typedef enum moejit_config_source {
+  MOEJIT_CONFIG_HEURISTIC = 0,    /* the spec's kernels section (or built-in defaults), path AUTO */
+  MOEJIT_CONFIG_TUNED_EXACT = 1,  /* the tuned table's entry for exactly this T */
+  MOEJIT_CONFIG_TUNED_NEAREST = 2 /* the tuned entry of the nearest token bucket */
+} moejit_config_source;
+
+/* What moejit_moe_forward runs for GEMM `kernel` ("gemm1" or "gemm2") at
+ * `tokens` tokens: *source (may be NULL) and, if desc is non-NULL, a line
+ * such as "tuned, nearest bucket T=32 for T=40: 64x128x64 s4 w8, path
+ * wgmma, entry moejit_gemm1_swiglu_wgmma (table ...)" or "heuristic:
+ * 128x256x64 s4 w8, path auto, entry moejit_gemm1_swiglu_mma (no tuned
+ * table for ...)" (truncated to cap). Host only, no GPU work.
+ * INVALID_ARGUMENT for NULL model or kernel, an unknown kernel, a model
+ * without that GEMM, or tokens outside 1..INT32_MAX / top_k. */
+MOEJIT_API moejit_status moejit_model_gemm_choice(const moejit_model *model, const char *kernel,
+                                                  int64_t tokens, char *desc, size_t cap,
+                                                  moejit_config_source *source);
 
 /* ------------------------------------------------------------------------ */
 /* Forward                                                                  */
@@ -117,10 +154,13 @@ MOEJIT_API moejit_status moejit_moe_workspace_size(const moejit_model *model, in
                                                    size_t *bytes);
 
 /* Enqueues the layer on `stream`: route, align (3 launches), GEMM 1 +
- * SwiGLU, GEMM 2, combine. Checks every argument first (INVALID_ARGUMENT
- * naming the field, nothing enqueued); never synchronizes, allocates or
- * loads modules, so it may run inside a stream capture. Thread-safe (with
- * separate workspaces). */
+ * SwiGLU, GEMM 2, combine. Each GEMM runs the tuned variant of the bucket
+ * nearest to T when the load found one (else the heuristic configuration;
+ * also when the variant's launch plan does not hold at this T, e.g. a grid
+ * too large): moejit_model_gemm_choice says which. Checks every argument
+ * first (INVALID_ARGUMENT naming the field, nothing enqueued); never
+ * synchronizes, allocates or loads modules, so it may run inside a stream
+ * capture. Thread-safe (with separate workspaces). */
 MOEJIT_API moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_args *args,
                                             moejit_stream stream);
 

@@ -367,6 +367,31 @@ static void print_load(const char *what, const moejit_load_report *r) {
       what, r->n_kernels, r->cache_hits, r->cache_misses, r->compile_ms, r->load_ms, r->total_ms);
 }
 
+/* Each kernel's configuration and where it came from (a tuned table or the
+ * heuristic, and why), then what each GEMM runs at each token count. */
+static void print_configs(const gpu_state *g) {
+  const moejit_load_report *r = &g->warm;
+  printf("kernels (config, source):\n");
+  for (int i = 0; i < r->n_kernels; i++) {
+    const moejit_load_kernel *k = &r->kernels[i];
+    printf("  %-8s %-22s %s: %s", k->kernel, k->config, k->config_source, k->config_detail);
+    if (k->variants) printf(" [%d tuned kernels, %d from cache]", k->variants, k->variant_hits);
+    printf("\n");
+  }
+  static const char *const gemms[] = {"gemm1", "gemm2"};
+  for (int i = 0; i < g->n_points; i++) {
+    if (g->points[i].skipped) continue;
+    for (int j = 0; j < 2; j++) {
+      char desc[512], *why;
+      if (moejit_model_gemm_choice(g->model, gemms[j], g->points[i].tokens, desc, sizeof desc,
+                                   NULL) != MOEJIT_OK)
+        continue;
+      if ((why = strstr(desc, " ("))) *why = '\0'; /* the kernel rows above say why */
+      printf("  T=%-6lld %s: %s\n", (long long)g->points[i].tokens, gemms[j], desc);
+    }
+  }
+}
+
 static void print_text(const gpu_state *g) {
   const moejit_spec *s = g->s;
   printf("moejit run: %s (d=%lld f=%lld E=%d k=%d %s) on %s (%s)\n", s->name, (long long)s->hidden,
@@ -374,10 +399,7 @@ static void print_text(const gpu_state *g) {
          g->dev.name, g->dev.arch);
   print_load("first", &g->cold);
   print_load("again, new ctx", &g->warm);
-  printf("kernels:");
-  for (int i = 0; i < g->warm.n_kernels; i++)
-    printf(" %s %s (%s)%s", g->warm.kernels[i].kernel, g->warm.kernels[i].config,
-           g->warm.kernels[i].config_source, i + 1 < g->warm.n_kernels ? ";" : "\n");
+  print_configs(g);
   printf("%7s %10s %10s %8s %7s %10s %7s %7s %8s  %s\n", "T", "eager ms", "graph ms", "TFLOP/s",
          "W TB/s", "floor ms", "% floor", "experts", "rel err", "check");
   for (int i = 0; i < g->n_points; i++) {
@@ -413,9 +435,38 @@ static void print_load_json(const moejit_load_report *r) {
     cli_json_str(stdout, r->kernels[i].config);
     printf(",\"source\":");
     cli_json_str(stdout, r->kernels[i].config_source);
+    printf(",\"detail\":");
+    cli_json_str(stdout, r->kernels[i].config_detail);
+    printf(",\"tuned_kernels\":%d,\"tuned_kernels_cached\":%d", r->kernels[i].variants,
+           r->kernels[i].variant_hits);
     printf(",\"cache_hit\":%s}", r->kernels[i].cache_hit ? "true" : "false");
   }
   printf("]}");
+}
+
+/* What each GEMM runs at each token count (moejit_model_gemm_choice). */
+static void print_choices_json(const gpu_state *g) {
+  static const char *const gemms[] = {"gemm1", "gemm2"};
+  static const char *const sources[] = {"heuristic", "tuned_exact", "tuned_nearest"};
+  int first = 1;
+  printf("[");
+  for (int i = 0; i < g->n_points; i++) {
+    if (g->points[i].skipped) continue;
+    printf("%s{\"tokens\":%lld", first ? "" : ",", (long long)g->points[i].tokens);
+    first = 0;
+    for (int j = 0; j < 2; j++) {
+      char desc[512] = "";
+      moejit_config_source src = MOEJIT_CONFIG_HEURISTIC;
+      (void)moejit_model_gemm_choice(g->model, gemms[j], g->points[i].tokens, desc, sizeof desc,
+                                     &src);
+      printf(",\"%s\":{\"source\":\"%s\",\"desc\":", gemms[j],
+             (unsigned)src < 3 ? sources[src] : "?");
+      cli_json_str(stdout, desc);
+      printf("}");
+    }
+    printf("}");
+  }
+  printf("]");
 }
 
 static void print_point_json(const point *p) {
@@ -446,6 +497,8 @@ static void print_json(const gpu_state *g, int ok) {
   print_load_json(&g->cold);
   printf(",\"load_warm\":");
   print_load_json(&g->warm);
+  printf(",\"gemm_choices\":");
+  print_choices_json(g);
   printf(",\"iters\":%d,\"points\":[", g->a->iters);
   for (int i = 0; i < g->n_points; i++) {
     if (i) printf(",");

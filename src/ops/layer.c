@@ -18,7 +18,7 @@ void moejit_load_opts_init(moejit_load_opts *opts) {
 
 moejit_status moejit_model_load_spec(moejit_ctx *ctx, const moejit_spec *spec,
                                      const moejit_load_opts *opts, moejit_model **out) {
-  return mj_model_load_reported(ctx, spec, MJ_OPS_LAYER, "spec", opts ? opts->report : NULL, out);
+  return mj_model_load_with(ctx, spec, MJ_OPS_LAYER, "spec", opts, out);
 }
 
 static int is_regular_file(const char *path) {
@@ -56,7 +56,11 @@ moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_pr
   moejit_status st = spec_from(config_or_preset, &spec, origin, sizeof origin);
   if (st) return mj_ctx_fail(ctx, mj_fail_prefix(st, "moejit_model_load_config"));
   moejit_load_report scratch, *r = opts && opts->report ? opts->report : &scratch;
-  st = mj_model_load_reported(ctx, &spec, MJ_OPS_LAYER, origin, r, out);
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  if (opts) o = *opts;
+  o.report = r;
+  st = mj_model_load_with(ctx, &spec, MJ_OPS_LAYER, origin, &o, out);
   r->total_ms = mj_now_ms() - t0; /* parsing included */
   if (*out) (*out)->report.total_ms = r->total_ms;
   return st;
@@ -161,9 +165,17 @@ static moejit_status check_pointers(const moejit_model *m, const moejit_moe_args
   return MOEJIT_OK;
 }
 
+/* The configuration each GEMM of this forward runs (a tuned variant or the
+ * heuristic), as the launchers will plan it. */
+typedef struct gemm_choices {
+  mj_gemm_choice gemm[2];
+} gemm_choices;
+
 /* Everything a launch could refuse, checked before the first launch so a
- * bad argument enqueues nothing. */
-static moejit_status check_forward(const moejit_model *m, const moejit_moe_args *a, ws_layout *l) {
+ * bad argument enqueues nothing; the GEMMs are planned with the very
+ * configuration the launches will use. */
+static moejit_status check_forward(const moejit_model *m, const moejit_moe_args *a, ws_layout *l,
+                                   gemm_choices *c) {
   static const char *op = "moejit_moe_forward";
   moejit_status st = check_layer_model(m, op);
   if (st) return st;
@@ -175,11 +187,9 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
                                     "%s: args->workspace_bytes = %zu, but %lld tokens need %zu; "
                                     "HINT: size it with moejit_moe_workspace_size",
                                     op, a->workspace_bytes, (long long)a->tokens, l->total));
-  const int64_t rows = a->tokens * m->spec.top_k;
-  mj_gemm_plan plan;
   for (int which = 1; which <= 2; which++)
-    if ((st = mj_gemm_plan_make_for(&m->spec, which, MOEJIT_GEMM_PATH_AUTO, rows,
-                                    mj_ctx_arch(m->ctx), &plan)))
+    if ((st = mj_gemm_choose(&m->spec, &m->gemm_variants[which - 1], which, a->tokens,
+                             mj_ctx_arch(m->ctx), &c->gemm[which - 1])))
       return mj_model_fail(m, mj_fail_prefix(st, "%s", op));
   return MOEJIT_OK;
 }
@@ -214,7 +224,8 @@ static moejit_status launch_route_align(const moejit_model *m, const moejit_moe_
 }
 
 static moejit_status launch_gemms(const moejit_model *m, const moejit_moe_args *a,
-                                  const ws_layout *l, moejit_stream stream) {
+                                  const ws_layout *l, const gemm_choices *c,
+                                  moejit_stream stream) {
   void *ws = a->workspace;
   const int32_t *offsets = AT(ws, l->offsets);
   const int64_t rows = a->tokens * m->spec.top_k;
@@ -222,28 +233,31 @@ static moejit_status launch_gemms(const moejit_model *m, const moejit_moe_args *
                          .w = a->w1,
                          .out = AT(ws, l->h),
                          .expert_offsets = offsets,
-                         .max_rows = rows};
-  moejit_status st = moejit_gemm1_swiglu(m->ctx, &m->spec, &g1, stream);
+                         .max_rows = rows,
+                         .path = c->gemm[0].path};
+  moejit_status st = moejit_gemm1_swiglu(m->ctx, c->gemm[0].spec, &g1, stream);
   if (st) return st;
   moejit_gemm_args g2 = {.a = AT(ws, l->h),
                          .w = a->w2,
                          .out = AT(ws, l->xs_y), /* y over xs, which GEMM 1 consumed */
                          .expert_offsets = offsets,
                          .row_scale = NULL, /* top-k weights go in combine */
-                         .max_rows = rows};
-  return moejit_gemm2(m->ctx, &m->spec, &g2, stream);
+                         .max_rows = rows,
+                         .path = c->gemm[1].path};
+  return moejit_gemm2(m->ctx, c->gemm[1].spec, &g2, stream);
 }
 
 moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_args *args,
                                  moejit_stream stream) {
   ws_layout l;
-  moejit_status st = check_forward(model, args, &l);
+  gemm_choices choices;
+  moejit_status st = check_forward(model, args, &l, &choices);
   if (st) return st;
   void *ws = args->workspace;
   int32_t *ids = args->topk_ids ? args->topk_ids : AT(ws, l.ids);
   float *weights = args->topk_weights ? args->topk_weights : AT(ws, l.weights);
   if ((st = launch_route_align(model, args, &l, ids, weights, stream))) return st;
-  if ((st = launch_gemms(model, args, &l, stream))) return st;
+  if ((st = launch_gemms(model, args, &l, &choices, stream))) return st;
   moejit_combine_args c = {.tokens = args->tokens,
                            .y = AT(ws, l.xs_y),
                            .row_of = AT(ws, l.row_of),

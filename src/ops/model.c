@@ -1,7 +1,8 @@
 /* The model object: a validated spec copy and the CUfunctions of its route,
  * align and combine kernels on one ctx (whole layers also warm the GEMM
- * kernels), all families compiled at once, the load report, plus the
- * launch-shape formulas the host shares with the templates. */
+ * kernels, the tuned table's variants among them), all families compiled at
+ * once, the load report, plus the launch-shape formulas the host shares
+ * with the templates. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,21 +40,30 @@ static moejit_status check_supported(const moejit_spec *spec) {
   return MOEJIT_OK;
 }
 
-/* One kernel family's share of a load: compiled on a worker thread, its
- * report row, and the failure message carried back to the caller's thread
+/* One kernel of a load: a family built from the model's spec, or a tuned
+ * GEMM variant's (the same family, another tile). Compiled on a worker
+ * thread; the failure message is carried back to the caller's thread
  * (errors are recorded per thread). */
 typedef struct family_job {
-  unsigned bit;
-  const char *name;
+  const char *name;         /* family = template name */
+  const moejit_spec *spec;  /* &m->spec or one of load_batch.variant_specs */
+  int row;                  /* the report row it counts into */
+  int variant;              /* 1: a tuned variant's kernel */
   moejit_status status;
   char message[1024];
-  moejit_load_kernel row;
+  char key[33];
+  int hit;
+  double ms;
 } family_job;
+
+#define MJ_LOAD_MAX_JOBS (MOEJIT_LOAD_MAX_KERNELS + 2 * MJ_GEMM_MAX_VARIANTS)
 
 typedef struct load_batch {
   moejit_model *m;
-  family_job jobs[MOEJIT_LOAD_MAX_KERNELS];
+  family_job jobs[MJ_LOAD_MAX_JOBS];
   size_t n;
+  moejit_spec variant_specs[2 * MJ_GEMM_MAX_VARIANTS];
+  size_t n_specs;
 } load_batch;
 
 static const struct {
@@ -65,26 +75,18 @@ static const struct {
                      {MJ_OPS_GEMM2, "gemm2"},
                      {MJ_OPS_COMBINE, "combine"}};
 
-/* The launch shape a family is built with, for the report. */
+/* The launch shape a memory-bound family is built with, for the report. */
 static void describe_config(const moejit_spec *s, unsigned bit, moejit_load_kernel *row) {
-  const moejit_gemm_cfg *g = bit == MJ_OPS_GEMM1   ? &s->gemm1
-                             : bit == MJ_OPS_GEMM2 ? &s->gemm2
-                                                   : NULL;
   int threads = bit == MJ_OPS_ROUTE   ? s->route.block_threads
                 : bit == MJ_OPS_ALIGN ? s->align.block_threads
                                       : s->combine.block_threads;
-  if (g)
-    snprintf(row->config, sizeof row->config, "%dx%dx%d s%d w%d", g->tile_m, g->tile_n, g->tile_k,
-             g->stages, g->warps);
-  else
-    snprintf(row->config, sizeof row->config, "block %d", threads);
-  /* No tuned tables yet: every shape is the config's or the defaults. */
+  snprintf(row->config, sizeof row->config, "block %d", threads);
   mj_strlcpy(row->config_source, "heuristic", sizeof row->config_source);
   mj_strlcpy(row->config_detail, "kernels section of the config, else the built-in defaults",
              sizeof row->config_detail);
 }
 
-/* Worker: generate + compile (or read the cache) one family. Module loads
+/* Worker: generate + compile (or read the cache) one kernel. Module loads
  * happen afterwards on the caller's thread (they serialize on the ctx). */
 static void compile_family(size_t i, void *arg) {
   load_batch *b = arg;
@@ -92,12 +94,10 @@ static void compile_family(size_t i, void *arg) {
   moejit_ctx *ctx = b->m->ctx;
   const void *cubin = NULL;
   size_t len = 0;
-  int hit = 0;
   double t0 = mj_now_ms();
-  j->status = mj_compiler_get_cubin(moejit_ctx_compiler(ctx), &b->m->spec, j->name,
-                                    mj_ctx_arch(ctx), &cubin, &len, j->row.key, &hit);
-  j->row.ms = mj_now_ms() - t0;
-  j->row.cache_hit = hit;
+  j->status = mj_compiler_get_cubin(moejit_ctx_compiler(ctx), j->spec, j->name, mj_ctx_arch(ctx),
+                                    &cubin, &len, j->key, &j->hit);
+  j->ms = mj_now_ms() - t0;
   if (j->status) snprintf(j->message, sizeof j->message, "%s", moejit_last_error());
 }
 
@@ -112,20 +112,39 @@ static moejit_status resolve(moejit_model *m, const char *family, const char *en
  * (the plan may switch kernels with the row count). */
 static const int64_t gemm_probe_rows[] = {1, 64, 4096, 1 << 20};
 
-/* Warms the ctx's kernel memo with the exact (spec, family, entry) the GEMM
- * launchers look up (their plan for this ctx's arch: mma.sync, or wgmma on
- * sm_90a when enabled), so a forward never generates code or loads a module. */
+/* Warms the ctx's kernel memo with the exact (spec, family, entry) the
+ * launcher looks up for `plan` of `spec`. */
+static moejit_status warm_plan(moejit_model *m, const moejit_spec *spec, int which,
+                               const mj_gemm_plan *plan) {
+  moejit_spec scratch;
+  const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, plan, &scratch);
+  CUfunction fn;
+  moejit_status st = mj_ctx_get_function(m->ctx, kspec, plan->family, plan->entry, &fn);
+  return st ? mj_fail_prefix(st, "moejit_model_load: kernel '%s'", plan->entry) : MOEJIT_OK;
+}
+
+/* Warms the memo for every entry the GEMM launchers may pick: the
+ * heuristic's (spec + AUTO: mma.sync, its decode tile, or wgmma on sm_90a
+ * when enabled) and each tuned variant's (its spec + path), so a forward
+ * never generates code or loads a module. */
 static moejit_status resolve_gemm(moejit_model *m, int which) {
+  const char *arch = mj_ctx_arch(m->ctx);
+  mj_gemm_plan plan;
+  moejit_status st;
   for (size_t i = 0; i < MJ_ARRAY_LEN(gemm_probe_rows); i++) {
-    mj_gemm_plan plan;
-    moejit_status st = mj_gemm_plan_make_for(&m->spec, which, MOEJIT_GEMM_PATH_AUTO,
-                                             gemm_probe_rows[i], mj_ctx_arch(m->ctx), &plan);
+    st = mj_gemm_plan_make_for(&m->spec, which, MOEJIT_GEMM_PATH_AUTO, gemm_probe_rows[i], arch,
+                               &plan);
     if (st) return mj_fail_prefix(st, "moejit_model_load");
-    moejit_spec scratch;
-    const moejit_spec *kspec = mj_gemm_kernel_spec(&m->spec, which, &plan, &scratch);
-    CUfunction fn;
-    if ((st = mj_ctx_get_function(m->ctx, kspec, plan.family, plan.entry, &fn)))
-      return mj_fail_prefix(st, "moejit_model_load: kernel '%s'", plan.entry);
+    if ((st = warm_plan(m, &m->spec, which, &plan))) return st;
+  }
+  const mj_gemm_variants *vs = &m->gemm_variants[which - 1];
+  for (int i = 0; i < vs->n; i++) {
+    moejit_spec vspec;
+    mj_gemm_variant_spec(&m->spec, which, &vs->v[i], &vspec);
+    st = mj_gemm_plan_make_for(&vspec, which, vs->v[i].path, vs->v[i].tokens * m->spec.top_k,
+                               arch, &plan);
+    if (st) return mj_fail_prefix(st, "moejit_model_load: tuned T=%lld", (long long)vs->v[i].tokens);
+    if ((st = warm_plan(m, &vspec, which, &plan))) return st;
   }
   return MOEJIT_OK;
 }
@@ -145,32 +164,129 @@ static moejit_status load_functions(moejit_model *m, unsigned families) {
   return MOEJIT_OK;
 }
 
-/* Compiles every requested family at once; the first failure (in layer
- * order) becomes the caller's error. */
-static moejit_status compile_families(moejit_model *m, unsigned families) {
-  load_batch b = {.m = m};
-  for (size_t i = 0; i < MJ_ARRAY_LEN(load_families); i++) {
-    if (!(families & load_families[i].bit)) continue;
-    family_job *j = &b.jobs[b.n++];
-    j->bit = load_families[i].bit;
-    j->name = load_families[i].name;
-    mj_strlcpy(j->row.kernel, j->name, sizeof j->row.kernel);
-    mj_strlcpy(j->row.arch, mj_ctx_arch(m->ctx), sizeof j->row.arch);
-    describe_config(&m->spec, j->bit, &j->row);
+/* ---- tuned tables ----------------------------------------------------------- */
+
+/* The table of the ctx's device, or (*have 0) why there is none. Fails only
+ * where a table exists but cannot be read or parsed. */
+static moejit_status find_table(moejit_ctx *ctx, const moejit_load_opts *opts, mj_tuned_table *t,
+                                int *have, char *why, size_t cap) {
+  *have = 0;
+  if (opts && opts->tuned_disable) {
+    mj_strlcpy(why, "tuned tables are disabled (moejit_load_opts.tuned_disable)", cap);
+    return MOEJIT_OK;
   }
-  double t0 = mj_now_ms();
-  mj_parallel_for(b.n, 0, compile_family, &b);
+  moejit_device_info info;
+  if (moejit_ctx_device_info(ctx, &info) != MOEJIT_OK) {
+    snprintf(why, cap, "no tuned table: the device's name is unknown (%s)", moejit_last_error());
+    return MOEJIT_OK;
+  }
+  moejit_status st = mj_tuned_table_for_device(info.name, t);
+  if (st == MOEJIT_OK) return *have = 1, MOEJIT_OK;
+  if (st == MOEJIT_ERR_NOT_FOUND) return mj_strlcpy(why, moejit_last_error(), cap), MOEJIT_OK;
+  char msg[1024];
+  mj_strlcpy(msg, moejit_last_error(), sizeof msg);
+  return mj_fail(st,
+                 "moejit_model_load: %s; HINT: fix or remove the tuned table, or load without it "
+                 "(moejit_load_opts.tuned_disable, $MOEJIT_TUNED_DISABLE=1)",
+                 msg);
+}
+
+static int same_cfg(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {
+  return a->tile_m == b->tile_m && a->tile_n == b->tile_n && a->tile_k == b->tile_k &&
+         a->stages == b->stages && a->warps == b->warps && a->cluster_m == b->cluster_m &&
+         a->cluster_n == b->cluster_n && a->raster == b->raster;
+}
+
+static family_job *add_job(load_batch *b, const char *name, const moejit_spec *spec, int row,
+                           int variant) {
+  family_job *j = &b->jobs[b->n++];
+  j->name = name, j->spec = spec, j->row = row, j->variant = variant;
+  return j;
+}
+
+/* One job per distinct tile among GEMM `which`'s variants; a tile equal to
+ * the spec's own is the family job's kernel already. */
+static void add_variant_jobs(load_batch *b, int which, int row) {
+  const moejit_spec *spec = &b->m->spec;
+  const mj_gemm_variants *vs = &b->m->gemm_variants[which - 1];
+  const moejit_gemm_cfg *own = which == 1 ? &spec->gemm1 : &spec->gemm2;
+  for (int i = 0; i < vs->n; i++) {
+    int seen = same_cfg(&vs->v[i].cfg, own);
+    for (int k = 0; k < i && !seen; k++) seen = same_cfg(&vs->v[i].cfg, &vs->v[k].cfg);
+    if (seen) continue;
+    moejit_spec *vspec = &b->variant_specs[b->n_specs++];
+    mj_gemm_variant_spec(spec, which, &vs->v[i], vspec);
+    add_job(b, which == 1 ? "gemm1" : "gemm2", vspec, row, 1);
+  }
+}
+
+/* Report rows (one per family, tuned tables consulted for the GEMMs) and
+ * the jobs that build them. */
+static void plan_jobs(load_batch *b, unsigned families, const mj_tuned_table *table,
+                      const char *no_table) {
+  moejit_model *m = b->m;
   moejit_load_report *r = &m->report;
-  r->compile_ms = mj_now_ms() - t0;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(load_families); i++) {
+    const unsigned bit = load_families[i].bit;
+    if (!(families & bit)) continue;
+    const int row_i = r->n_kernels++, which = bit == MJ_OPS_GEMM1 ? 1 : bit == MJ_OPS_GEMM2 ? 2 : 0;
+    moejit_load_kernel *row = &r->kernels[row_i];
+    mj_strlcpy(row->kernel, load_families[i].name, sizeof row->kernel);
+    mj_strlcpy(row->arch, mj_ctx_arch(m->ctx), sizeof row->arch);
+    if (which)
+      mj_gemm_variants_collect(table, no_table, &m->spec, which, mj_ctx_arch(m->ctx),
+                               &m->gemm_variants[which - 1], row);
+    else
+      describe_config(&m->spec, bit, row);
+    add_job(b, load_families[i].name, &m->spec, row_i, 0);
+    if (which) add_variant_jobs(b, which, row_i);
+  }
+}
+
+/* Folds the jobs into their rows: a row is a cache hit when none of its
+ * kernels was compiled; its ms adds up its kernels' times. */
+static moejit_status fold_jobs(load_batch *b) {
+  moejit_load_report *r = &b->m->report;
+  int family_hit[MOEJIT_LOAD_MAX_KERNELS] = {0}, failed[MOEJIT_LOAD_MAX_KERNELS] = {0};
   moejit_status first = MOEJIT_OK;
-  for (size_t i = 0; i < b.n; i++) {
-    const family_job *j = &b.jobs[i];
-    r->kernels[r->n_kernels++] = j->row;
-    if (j->status == MOEJIT_OK) j->row.cache_hit ? r->cache_hits++ : r->cache_misses++;
+  for (size_t i = 0; i < b->n; i++) {
+    const family_job *j = &b->jobs[i];
+    moejit_load_kernel *row = &r->kernels[j->row];
+    row->ms += j->ms;
+    if (j->variant) {
+      row->variants++;
+      row->variant_hits += j->status == MOEJIT_OK && j->hit;
+    } else {
+      memcpy(row->key, j->key, sizeof row->key);
+      family_hit[j->row] = j->hit;
+    }
+    failed[j->row] |= j->status != MOEJIT_OK;
     if (j->status && !first)
-      first = mj_fail(j->status, "moejit_model_load: kernel '%s': %s", j->name, j->message);
+      first = mj_fail(j->status, "moejit_model_load: kernel '%s'%s: %s", j->name,
+                      j->variant ? " (a tuned variant)" : "", j->message);
+  }
+  for (int i = 0; i < r->n_kernels; i++) {
+    moejit_load_kernel *row = &r->kernels[i];
+    row->cache_hit = family_hit[i] && row->variant_hits == row->variants;
+    if (!failed[i]) row->cache_hit ? r->cache_hits++ : r->cache_misses++;
   }
   return first;
+}
+
+/* Compiles every requested family, and the GEMMs' tuned variants, at once;
+ * the first failure (in layer order) becomes the caller's error. */
+static moejit_status compile_families(moejit_model *m, unsigned families,
+                                      const mj_tuned_table *table, const char *no_table) {
+  load_batch *b = calloc(1, sizeof *b);
+  if (!b) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_load: out of memory");
+  b->m = m;
+  plan_jobs(b, families, table, no_table);
+  double t0 = mj_now_ms();
+  mj_parallel_for(b->n, 0, compile_family, b);
+  m->report.compile_ms = mj_now_ms() - t0;
+  moejit_status st = fold_jobs(b);
+  free(b);
+  return st;
 }
 
 static void report_start(moejit_load_report *r, const moejit_spec *spec, moejit_ctx *ctx,
@@ -181,8 +297,17 @@ static void report_start(moejit_load_report *r, const moejit_spec *spec, moejit_
   mj_strlcpy(r->arch, mj_ctx_arch(ctx), sizeof r->arch);
 }
 
-static moejit_status load_into(moejit_model *m, unsigned families, double t_start) {
-  moejit_status st = compile_families(m, families);
+static moejit_status load_into(moejit_model *m, unsigned families, const moejit_load_opts *opts,
+                               double t_start) {
+  mj_tuned_table table;
+  memset(&table, 0, sizeof table);
+  int have = 0;
+  char no_table[512] = "";
+  moejit_status st = MOEJIT_OK;
+  if (families & (MJ_OPS_GEMM1 | MJ_OPS_GEMM2))
+    st = find_table(m->ctx, opts, &table, &have, no_table, sizeof no_table);
+  if (!st) st = compile_families(m, families, have ? &table : NULL, no_table);
+  mj_tuned_table_free(&table);
   if (st) return st;
   double t0 = mj_now_ms();
   st = load_functions(m, families);
@@ -203,9 +328,9 @@ static moejit_status check_load_args(moejit_ctx *ctx, const moejit_spec *spec, m
   return MOEJIT_OK;
 }
 
-moejit_status mj_model_load_reported(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,
-                                     const char *origin, moejit_load_report *report,
-                                     moejit_model **out) {
+moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,
+                                 const char *origin, const moejit_load_opts *opts,
+                                 moejit_model **out) {
   const double t_start = mj_now_ms();
   if (out) *out = NULL;
   moejit_status st = check_load_args(ctx, spec, out);
@@ -220,14 +345,23 @@ moejit_status mj_model_load_reported(moejit_ctx *ctx, const moejit_spec *spec, u
   m->spec = *spec;
   m->sm_count = limits.sm_count > 0 ? limits.sm_count : 1;
   report_start(&m->report, spec, ctx, origin);
-  st = load_into(m, families, t_start);
-  if (report) *report = m->report;
+  st = load_into(m, families, opts, t_start);
+  if (opts && opts->report) *opts->report = m->report;
   if (st) {
     free(m);
     return mj_ctx_fail(ctx, st);
   }
   *out = m;
   return MOEJIT_OK;
+}
+
+moejit_status mj_model_load_reported(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,
+                                     const char *origin, moejit_load_report *report,
+                                     moejit_model **out) {
+  moejit_load_opts opts;
+  moejit_load_opts_init(&opts);
+  opts.report = report;
+  return mj_model_load_with(ctx, spec, families, origin, &opts, out);
 }
 
 moejit_status mj_model_load(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,

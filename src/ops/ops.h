@@ -8,7 +8,9 @@
 #include "moejit/moejit.h"
 #include "moejit/ops.h"
 #include "moejit/layer.h"
+#include "ops/gemm.h"
 #include "runtime/runtime.h"
+#include "tune/tuned_table.h"
 
 /* Kernel families a model can hold (bit mask). */
 enum {
@@ -23,6 +25,60 @@ enum {
   MJ_OPS_LAYER = MJ_OPS_ALL | MJ_OPS_GEMM1 | MJ_OPS_GEMM2
 };
 
+/* ---- tuned GEMM variants (gemm_choice.c) ------------------------------- */
+
+/* Token buckets a model keeps per GEMM (a log2 sweep of 1..2^31 has 32). */
+#define MJ_GEMM_MAX_VARIANTS 32
+
+/* One tuned configuration of a GEMM: what runs for T near `tokens`. */
+typedef struct mj_gemm_variant {
+  int64_t tokens;        /* the bucket */
+  moejit_gemm_cfg cfg;   /* replaces spec.gemm1 / spec.gemm2 */
+  moejit_gemm_path path; /* MMA or WGMMA */
+  double us, heuristic_us;
+} mj_gemm_variant;
+
+typedef struct mj_gemm_variants {
+  int n; /* 0: heuristic only */
+  mj_gemm_variant v[MJ_GEMM_MAX_VARIANTS]; /* ascending tokens */
+} mj_gemm_variants;
+
+/* The variants of GEMM `which` (1 or 2) of spec in table t (NULL: no table;
+ * `no_table` says why): the entries for spec's dtype and shape whose cfg
+ * validates and whose plan holds on `arch` at tokens * top_k rows. Fills
+ * row->config, config_source and config_detail ("tuned" with the origin and
+ * buckets, or "heuristic" with why). Host only; needs no GPU. */
+void mj_gemm_variants_collect(const mj_tuned_table *t, const char *no_table,
+                              const moejit_spec *spec, int which, const char *arch,
+                              mj_gemm_variants *out, moejit_load_kernel *row);
+
+/* spec with GEMM `which` configured as v: the spec a variant's kernel is
+ * built and looked up with (only that GEMM's cfg differs from spec). */
+void mj_gemm_variant_spec(const moejit_spec *spec, int which, const mj_gemm_variant *v,
+                          moejit_spec *out);
+
+/* What one GEMM launch of a forward runs. `spec` points at the model's
+ * spec or at `scratch` inside this struct: use the struct where it was
+ * filled, never a copy. */
+typedef struct mj_gemm_choice {
+  const moejit_spec *spec;
+  moejit_spec scratch;
+  moejit_gemm_path path;
+  int variant;          /* index into the variants, -1: heuristic */
+  mj_tuned_match match; /* NONE: heuristic */
+  int fell_back;        /* 1: the nearest variant's plan failed; `why` says how */
+  char why[192];
+  mj_gemm_plan plan;    /* the plan the launcher makes for these rows */
+} mj_gemm_choice;
+
+/* The choice for GEMM `which` at `tokens` (T * top_k rows) on `arch`: the
+ * variant of the nearest bucket (mj_tuned_bucket_better) with its cfg and
+ * path, or, with no variants or when that variant's plan fails for these
+ * rows, spec and AUTO. Error: the heuristic plan's (INVALID_ARGUMENT, e.g.
+ * a grid too large). Host only: no allocation, no sync. */
+moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v, int which,
+                             int64_t tokens, const char *arch, mj_gemm_choice *c);
+
 struct moejit_model {
   moejit_ctx *ctx; /* borrowed */
   moejit_spec spec;
@@ -32,6 +88,7 @@ struct moejit_model {
   CUfunction align_count, align_scan, align_scatter;
   CUfunction combine;
   moejit_load_report report; /* what the load did (moejit_model_load_report) */
+  mj_gemm_variants gemm_variants[2]; /* tuned variants of gemm1, gemm2 (n 0: heuristic) */
 };
 
 /* moejit_model_load restricted to `families` (tests that launch only one
@@ -48,6 +105,12 @@ moejit_status mj_model_load(moejit_ctx *ctx, const moejit_spec *spec, unsigned f
 moejit_status mj_model_load_reported(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,
                                      const char *origin, moejit_load_report *report,
                                      moejit_model **out);
+
+/* mj_model_load_reported with load options (opts NULL: defaults; the
+ * report goes to opts->report). */
+moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,
+                                 const char *origin, const moejit_load_opts *opts,
+                                 moejit_model **out);
 
 /* Records the failure on the model's ctx too and returns `status`. */
 moejit_status mj_model_fail(const moejit_model *model, moejit_status status);

@@ -3,7 +3,7 @@
  * and other characters outside [A-Za-z0-9._-] become '_', e.g.
  * NVIDIA_H100_80GB_HBM3.yaml), holding the best GEMM configuration per
  * (kernel, dtype, shape, token bucket). Format and lookup rules:
- * docs/tune.md. */
+ * docs/tuned-tables.md. */
 #ifndef MOEJIT_SRC_TUNE_TUNED_TABLE_H
 #define MOEJIT_SRC_TUNE_TUNED_TABLE_H
 
@@ -11,6 +11,10 @@
 #include <stdint.h>
 
 #include "moejit/moejit.h"
+
+/* The most entries one table holds: a table is read with the YAML loader's
+ * node limit (10000; an entry takes about 30 nodes). */
+#define MJ_TUNED_MAX_ENTRIES 256
 
 /* One winner: kernel "gemm1" or "gemm2", for act = weight dtype `dtype`,
  * the shape (d, f, E, k) and T = tokens (the GEMM sees T * k rows). */
@@ -45,9 +49,16 @@ moejit_status mj_tuned_table_parse(const char *text, size_t len, const char *ori
 /* mj_tuned_table_parse of a file; IO when it cannot be read. */
 moejit_status mj_tuned_table_load_file(const char *path, mj_tuned_table *t);
 /* Writes the table as YAML, atomically (temp file + rename), entries sorted
- * by (kernel, dtype, shape, tokens). IO on failure, nothing half-written. */
+ * by (kernel, dtype, shape, tokens); creates the directory when missing.
+ * IO on failure, nothing half-written; INVALID_ARGUMENT (nothing written)
+ * for a table parse would refuse: no device, an entry out of range, two
+ * entries with one key, more than MJ_TUNED_MAX_ENTRIES. parse(write(t))
+ * gives t back exactly (doubles in their shortest exact decimal form). */
 moejit_status mj_tuned_table_write(const mj_tuned_table *t, const char *path);
-/* Adds e, replacing an entry with the same (kernel, dtype, shape, tokens). */
+/* Adds e, replacing an entry with the same (kernel, dtype, shape, tokens);
+ * entries stay sorted. INVALID_ARGUMENT (naming the field) for an entry a
+ * table file could not hold: kernel not gemm1/gemm2, dtype not bf16/fp16,
+ * path not MMA/WGMMA, shape, tile or times out of range. */
 moejit_status mj_tuned_table_put(mj_tuned_table *t, const mj_tuned_entry *e);
 /* Frees the entries; *t becomes empty. NULL is a no-op. */
 void mj_tuned_table_free(mj_tuned_table *t);
@@ -70,10 +81,36 @@ typedef enum mj_tuned_match {
 } mj_tuned_match;
 
 /* The entry for `kernel` ("gemm1"/"gemm2") of spec (its act dtype, d, f, E,
- * k) at `tokens`, or NULL (*match = MJ_TUNED_NONE). Entries whose cfg does
- * not validate for spec are skipped. */
+ * k; the weight dtype must equal the act dtype too) at `tokens`, or NULL
+ * (*match = MJ_TUNED_NONE). Entries whose cfg does not validate for spec,
+ * or whose path's kernel cannot run it, are skipped. */
 const mj_tuned_entry *mj_tuned_lookup(const mj_tuned_table *t, const char *kernel,
                                       const moejit_spec *spec, int64_t tokens,
                                       mj_tuned_match *match);
+
+/* ---- helpers shared with model loading (src/ops/gemm_choice.c) ---------- */
+
+struct mj_embedded_file;
+/* mj_tuned_table_for_device with the embedded list given (tests). */
+moejit_status mj_tuned_table_for_device_in(const char *device_name,
+                                           const struct mj_embedded_file *embedded,
+                                           size_t n_embedded, mj_tuned_table *t);
+
+/* 1 when $MOEJIT_TUNED_DISABLE is set to something other than "" or "0". */
+int mj_tuned_disabled(void);
+
+/* The bucket rule: 1 when bucket a serves `tokens` better than bucket b:
+ * nearer in log scale (max(x, T) / min(x, T) smaller), ties to the larger
+ * bucket. Exact integer arithmetic (values clamped to 1..INT32_MAX). */
+int mj_tuned_bucket_better(int64_t a, int64_t b, int64_t tokens);
+/* EXACT when bucket == tokens, else NEAREST. */
+mj_tuned_match mj_tuned_match_of(int64_t bucket, int64_t tokens);
+
+/* 1 when e is for `kernel` and spec's shape: d, f, E, k, and act and
+ * weight dtypes both e->dtype. */
+int mj_tuned_entry_shape_is(const mj_tuned_entry *e, const char *kernel, const moejit_spec *spec);
+/* Why e's cfg and path cannot run spec (its cfg in the spec fails
+ * moejit_spec_validate, or the path's kernel refuses it), or NULL. */
+const char *mj_tuned_entry_blocker(const mj_tuned_entry *e, const moejit_spec *spec);
 
 #endif

@@ -1,0 +1,808 @@
+/* Tuned tables (src/tune/tuned_table.c) and the load-time picking of GEMM
+ * variants (src/ops/gemm_choice.c), without a GPU: parse/write round trips
+ * of fresh random tables, errors with file:line:col for every malformed or
+ * out-of-range field, the nearest-bucket rule against a brute force, the
+ * table of a device from $MOEJIT_TUNED_DIR and the embedded list,
+ * $MOEJIT_TUNED_DISABLE, and what a load keeps and reports. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "config/config.h"
+#include "ops/ops.h"
+#include "test_support.h"
+#include "tune/tuned_table.h"
+
+#define OK(call) cr_assert_eq((call), MOEJIT_OK, "%s: %s", #call, moejit_last_error())
+
+static const int kTileM[] = {16, 32, 64, 128, 256}, kTileN[] = {32, 64, 128, 256};
+static const int kTileK[] = {32, 64, 128};
+
+static int pick(ts_rng *r, const int *set, int n) {
+  return set[ts_next(r) % (uint64_t)n];
+}
+
+/* A random entry within every range (not necessarily runnable). */
+static mj_tuned_entry random_entry(ts_rng *r) {
+  mj_tuned_entry e;
+  memset(&e, 0, sizeof e);
+  strcpy(e.kernel, ts_next(r) & 1 ? "gemm1" : "gemm2");
+  e.dtype = ts_next(r) & 1 ? MOEJIT_DTYPE_BF16 : MOEJIT_DTYPE_FP16;
+  e.hidden = 8 * (int64_t)(1 + ts_next(r) % 1024);
+  e.expert_width = 8 * (int64_t)(1 + ts_next(r) % 512);
+  e.experts = (int32_t)(1 + ts_next(r) % 256);
+  e.top_k = (int32_t)(1 + ts_next(r) % (uint64_t)(e.experts < 32 ? e.experts : 32));
+  e.tokens = (int64_t)1 << (ts_next(r) % 20);
+  if (ts_next(r) & 1) e.tokens += (int64_t)(ts_next(r) % 1000);
+  e.cfg = (moejit_gemm_cfg){pick(r, kTileM, 5),
+                            pick(r, kTileN, 4),
+                            pick(r, kTileK, 3),
+                            (int)(2 + ts_next(r) % 7),
+                            (int[]){4, 8, 12}[ts_next(r) % 3],
+                            (int)(1 + ts_next(r) % 2),
+                            (int)(1 + ts_next(r) % 2),
+                            (moejit_raster)(ts_next(r) % 2)};
+  e.path = ts_next(r) & 1 ? MOEJIT_GEMM_PATH_MMA : MOEJIT_GEMM_PATH_WGMMA;
+  e.us = ts_uniform(r, 0.5, 5000.0);
+  e.heuristic_us = ts_next(r) % 4 ? ts_uniform(r, 0.5, 5000.0) : 0.0;
+  return e;
+}
+
+static void fill_header(mj_tuned_table *t, const char *device) {
+  memset(t, 0, sizeof *t);
+  strcpy(t->device, device);
+  strcpy(t->arch, "sm_90a");
+  strcpy(t->nvrtc, "12.8");
+  t->driver = 12080;
+  strcpy(t->date, "2026-11-23");
+}
+
+static void expect_same_entry(const mj_tuned_entry *a, const mj_tuned_entry *b, size_t i) {
+  cr_expect_str_eq(a->kernel, b->kernel, "entry %zu", i);
+  cr_expect_eq(a->dtype, b->dtype, "entry %zu", i);
+  cr_expect(a->hidden == b->hidden && a->expert_width == b->expert_width &&
+                a->experts == b->experts && a->top_k == b->top_k && a->tokens == b->tokens,
+            "entry %zu: shape or tokens differ", i);
+  cr_expect(memcmp(&a->cfg, &b->cfg, sizeof a->cfg) == 0, "entry %zu: cfg differs", i);
+  cr_expect_eq(a->path, b->path, "entry %zu", i);
+  cr_expect(a->us == b->us, "entry %zu: us %.17g became %.17g", i, a->us, b->us);
+  cr_expect(a->heuristic_us == b->heuristic_us, "entry %zu: heuristic_us %.17g became %.17g", i,
+            a->heuristic_us, b->heuristic_us);
+}
+
+/* ---- parse / write ------------------------------------------------------------- */
+
+Test(tuned_table, round_trip_of_a_random_table_is_exact) {
+  ts_rng r = ts_rng_fresh("tuned round trip");
+  char *dir = ts_mkdtemp("tuned-rt");
+  mj_tuned_table t, back, again;
+  fill_header(&t, "NVIDIA H100 80GB HBM3");
+  for (int i = 0; i < 120; i++) {
+    mj_tuned_entry e = random_entry(&r);
+    OK(mj_tuned_table_put(&t, &e));
+  }
+  for (size_t i = 1; i < t.n; i++) { /* put keeps the table sorted */
+    const mj_tuned_entry *a = &t.entries[i - 1], *b = &t.entries[i];
+    int c = strcmp(a->kernel, b->kernel);
+    cr_assert(c < 0 || (c == 0 &&
+                        (strcmp(moejit_dtype_name(a->dtype), moejit_dtype_name(b->dtype)) <= 0)),
+              "entries %zu and %zu out of order", i - 1, i);
+  }
+  char path[1200], path2[1200];
+  snprintf(path, sizeof path, "%s/sub/dir/t.yaml", dir); /* missing directories are made */
+  snprintf(path2, sizeof path2, "%s/t2.yaml", dir);
+  OK(mj_tuned_table_write(&t, path));
+  OK(mj_tuned_table_load_file(path, &back));
+  cr_assert_eq(back.n, t.n);
+  cr_expect_str_eq(back.device, t.device);
+  cr_expect_str_eq(back.arch, t.arch);
+  cr_expect_str_eq(back.nvrtc, t.nvrtc);
+  cr_expect_eq(back.driver, t.driver);
+  cr_expect_str_eq(back.date, t.date);
+  cr_expect_str_eq(back.origin, path);
+  for (size_t i = 0; i < t.n; i++) expect_same_entry(&t.entries[i], &back.entries[i], i);
+  /* and the text is stable: writing what was read gives the same bytes */
+  OK(mj_tuned_table_write(&back, path2));
+  char *a = NULL, *b = NULL;
+  size_t la = 0, lb = 0;
+  OK(mj_read_file(path, &a, &la));
+  OK(mj_read_file(path2, &b, &lb));
+  cr_expect(la == lb && memcmp(a, b, la) == 0, "rewritten table differs:\n%s\n---\n%s", a, b);
+  cr_expect_eq(ts_count_files(dir, ".tmp"), 0, "temp files left in %s", dir);
+  OK(mj_tuned_table_parse(a, la, "mem", &again));
+  cr_expect_eq(again.n, t.n);
+  free(a), free(b);
+  mj_tuned_table_free(&t), mj_tuned_table_free(&back), mj_tuned_table_free(&again);
+  cr_expect_eq(t.n, 0);
+  cr_expect_null(t.entries);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(tuned_table, strings_with_quotes_and_an_empty_table_round_trip) {
+  char *dir = ts_mkdtemp("tuned-str");
+  mj_tuned_table t, back;
+  fill_header(&t, "GPU \"quoted\" \\ name: #1");
+  t.arch[0] = '\0';
+  char path[1200];
+  snprintf(path, sizeof path, "%s/t.yaml", dir);
+  OK(mj_tuned_table_write(&t, path));
+  OK(mj_tuned_table_load_file(path, &back));
+  cr_expect_str_eq(back.device, t.device);
+  cr_expect_str_eq(back.arch, "");
+  cr_expect_eq(back.n, 0);
+  mj_tuned_table_free(&back);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(tuned_table, put_replaces_the_same_bucket) {
+  ts_rng r = ts_rng_fresh("tuned put");
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  mj_tuned_entry e = random_entry(&r);
+  OK(mj_tuned_table_put(&t, &e));
+  e.us = 1.25;
+  e.cfg.stages = e.cfg.stages == 2 ? 3 : 2;
+  OK(mj_tuned_table_put(&t, &e));
+  cr_assert_eq(t.n, 1);
+  cr_expect_eq(t.entries[0].us, 1.25);
+  cr_expect_eq(t.entries[0].cfg.stages, e.cfg.stages);
+  e.tokens += 1;
+  OK(mj_tuned_table_put(&t, &e));
+  cr_expect_eq(t.n, 2);
+  cr_expect_lt(t.entries[0].tokens, t.entries[1].tokens);
+  mj_tuned_entry bad = e;
+  bad.cfg.tile_m = 48;
+  cr_expect_eq(mj_tuned_table_put(&t, &bad), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "tile") != NULL, "%s", moejit_last_error());
+  bad = e, bad.path = MOEJIT_GEMM_PATH_AUTO;
+  cr_expect_eq(mj_tuned_table_put(&t, &bad), MOEJIT_ERR_INVALID_ARGUMENT);
+  bad = e, strcpy(bad.kernel, "route");
+  cr_expect_eq(mj_tuned_table_put(&t, &bad), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(t.n, 2, "a refused entry was added");
+  mj_tuned_table_free(&t);
+}
+
+Test(tuned_table, write_refuses_what_parse_would_refuse) {
+  ts_rng r = ts_rng_fresh("tuned write refuse");
+  char *dir = ts_mkdtemp("tuned-refuse");
+  char path[1200];
+  snprintf(path, sizeof path, "%s/t.yaml", dir);
+  mj_tuned_table t;
+  fill_header(&t, "");
+  cr_expect_eq(mj_tuned_table_write(&t, path), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "device") != NULL, "%s", moejit_last_error());
+  fill_header(&t, "dev");
+  mj_tuned_entry e = random_entry(&r);
+  OK(mj_tuned_table_put(&t, &e));
+  t.entries[0].us = NAN; /* changed behind put's back */
+  cr_expect_eq(mj_tuned_table_write(&t, path), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "us") != NULL, "%s", moejit_last_error());
+  t.entries[0].us = 3;
+  e.tokens += 1;
+  OK(mj_tuned_table_put(&t, &e));
+  cr_assert_eq(t.n, 2);
+  t.entries[0].tokens = t.entries[1].tokens = 5; /* two entries, one key */
+  cr_expect_eq(mj_tuned_table_write(&t, path), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(ts_count_files(dir, NULL), 0, "something was written");
+  mj_tuned_table_free(&t);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* One entry in block style, each key on its own line (line 3 onward), with
+ * `key` given the text `value` (NULL: left out) or `extra` appended. */
+static const char *const kKeys[] = {"kernel", "dtype", "hidden", "expert_width", "experts", "top_k",
+                                    "tokens", "tile",  "stages", "warps",        "path",    "us"};
+static const char *const kValues[] = {"gemm1", "bf16",         "2048", "768", "128",   "8",
+                                      "1",     "[64, 64, 64]", "8",    "8",   "wgmma", "21.3"};
+
+static char *entry_text(const char *key, const char *value, const char *extra) {
+  mj_buf b = {0};
+  mj_buf_puts(&b, "device: \"NVIDIA H100 80GB HBM3\"\nentries:\n");
+  int first = 1;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kKeys); i++) {
+    const char *v = key && !strcmp(key, kKeys[i]) ? value : kValues[i];
+    if (!v) continue;
+    mj_buf_printf(&b, "%s%s: %s\n", first ? "  - " : "    ", kKeys[i], v);
+    first = 0;
+  }
+  if (extra) mj_buf_printf(&b, "    %s\n", extra);
+  return mj_buf_take(&b);
+}
+
+/* Line of key in entry_text (the header takes lines 1 and 2). */
+static int line_of(const char *key) {
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kKeys); i++)
+    if (!strcmp(kKeys[i], key)) return 3 + (int)i;
+  return -1;
+}
+
+static void expect_error(const char *text, const char *where, const char *what) {
+  mj_tuned_table t;
+  moejit_status st = mj_tuned_table_parse(text, strlen(text), "bad.yaml", &t);
+  cr_expect_eq(st, MOEJIT_ERR_CONFIG, "accepted:\n%s", text);
+  cr_expect_eq(t.n, 0);
+  cr_expect(strstr(moejit_last_error(), where) != NULL, "want '%s' in: %s\n%s", where,
+            moejit_last_error(), text);
+  cr_expect(strstr(moejit_last_error(), what) != NULL, "want '%s' in: %s", what,
+            moejit_last_error());
+}
+
+/* key = value at its line: the error names the value's position and path. */
+static void expect_value_error(const char *key, const char *value, const char *what) {
+  char *text = entry_text(key, value, NULL), where[96];
+  snprintf(where, sizeof where, "bad.yaml:%d:%zu: entries[0].%s", line_of(key), 5 + strlen(key) + 2,
+           key);
+  expect_error(text, where, what);
+  free(text);
+}
+
+Test(tuned_table, the_template_entry_parses) {
+  char *text = entry_text(NULL, NULL, NULL);
+  mj_tuned_table t;
+  OK(mj_tuned_table_parse(text, strlen(text), "good.yaml", &t));
+  cr_assert_eq(t.n, 1);
+  const mj_tuned_entry *e = &t.entries[0];
+  cr_expect_str_eq(e->kernel, "gemm1");
+  cr_expect_eq(e->cfg.tile_m, 64);
+  cr_expect_eq(e->cfg.cluster_m, 1);
+  cr_expect_eq(e->cfg.raster, MOEJIT_RASTER_ALONG_M);
+  cr_expect_eq(e->path, MOEJIT_GEMM_PATH_WGMMA);
+  cr_expect_eq(e->us, 21.3);
+  cr_expect_eq(e->heuristic_us, 0);
+  mj_tuned_table_free(&t);
+  free(text);
+}
+
+Test(tuned_table, out_of_range_values_name_their_position) {
+  expect_value_error("kernel", "gemm3", "allowed gemm1, gemm2");
+  expect_value_error("dtype", "fp32", "allowed bf16, fp16");
+  expect_value_error("hidden", "100", "multiple of 8");
+  expect_value_error("hidden", "0", "out of range");
+  expect_value_error("expert_width", "2097152", "out of range");
+  expect_value_error("experts", "1025", "allowed 1..1024");
+  expect_value_error("top_k", "33", "out of range");
+  expect_value_error("tokens", "0", "out of range");
+  expect_value_error("tokens", "268435456", "int32"); /* * top_k 8 > INT32_MAX */
+  expect_value_error("tile", "[48, 64, 64]", "not a supported tile");
+  expect_value_error("tile", "[64, 64]", "a list of 3 integers");
+  expect_value_error("tile", "64x64x64", "a list of 3 integers");
+  expect_value_error("stages", "9", "allowed 2..8");
+  expect_value_error("warps", "6", "allowed 4, 8, 12");
+  expect_value_error("path", "auto", "allowed mma, wgmma");
+  expect_value_error("us", "-1", "out of range");
+  expect_value_error("us", "0", "out of range");
+  expect_value_error("us", "nan", "a decimal number");
+  expect_value_error("hidden", "\"2048\"", "expected an integer");
+  expect_value_error("hidden", "0x800", "decimal integer");
+  expect_value_error("hidden", "02048", "decimal integer");
+  expect_value_error("experts", "99999999999", "32 bits");
+  expect_value_error("stages", "2.5", "integer");
+}
+
+Test(tuned_table, structure_errors_name_their_position) {
+  char *text = entry_text(NULL, NULL, "tiles: [64, 64, 64]");
+  expect_error(text, "bad.yaml:15:5: entries[0]", "unknown key 'tiles' (allowed kernel, dtype");
+  free(text);
+  text = entry_text(NULL, NULL, "cluster: [3, 1]");
+  expect_error(text, "bad.yaml:15:14: entries[0].cluster", "allowed 1 or 2");
+  free(text);
+  text = entry_text(NULL, NULL, "raster: diagonal");
+  expect_error(text, "bad.yaml:15:13: entries[0].raster", "allowed along_m, along_n");
+  free(text);
+  text = entry_text(NULL, NULL, "heuristic_us: -3");
+  expect_error(text, "bad.yaml:15:19: entries[0].heuristic_us", "out of range");
+  free(text);
+  text = entry_text(NULL, NULL, "stages: 4");
+  expect_error(text, "bad.yaml:15:5: entries[0]", "key 'stages' is given twice (first at 11:5)");
+  free(text);
+  text = entry_text("tokens", NULL, NULL);
+  expect_error(text, "bad.yaml:3:5: entries[0]", "missing key 'tokens'");
+  free(text);
+  expect_error("entries: []\n", "bad.yaml:1:1", "missing key 'device'");
+  expect_error("device: x\nentries: [\n", "bad.yaml:", "malformed YAML");
+  expect_error("device: x\nentries: {a: 1}\n", "bad.yaml:2:10: entries", "a list of entries");
+  expect_error("device: x\ndevices: y\nentries: []\n", "bad.yaml:2:1",
+               "unknown key 'devices' (allowed device, arch, nvrtc, driver, date, entries)");
+  expect_error("device: \"\"\nentries: []\n", "bad.yaml:1:9: device", "empty");
+  expect_error("device: x\ndriver: -1\nentries: []\n", "bad.yaml:2:9: driver", "out of range");
+  expect_error("- 1\n", "bad.yaml:1:1", "expected a mapping");
+  expect_error("", "bad.yaml:1:1", "empty");
+  expect_error("device: x\nentries:\n  - 5\n", "bad.yaml:3:5: entries[0]", "expected a mapping");
+  /* the same bucket twice */
+  const char *dup =
+      "device: x\nentries:\n"
+      "  - {kernel: gemm2, dtype: fp16, hidden: 64, expert_width: 64, experts: 4, top_k: 2, "
+      "tokens: 8, tile: [64, 64, 64], stages: 3, warps: 4, path: mma, us: 5}\n"
+      "  - {kernel: gemm2, dtype: fp16, hidden: 64, expert_width: 64, experts: 4, top_k: 2, "
+      "tokens: 8, tile: [32, 64, 64], stages: 3, warps: 4, path: mma, us: 4}\n";
+  expect_error(dup, "bad.yaml:4:5", "entries[1] repeats entries[0]");
+}
+
+Test(tuned_table, missing_file_is_io) {
+  mj_tuned_table t;
+  cr_expect_eq(mj_tuned_table_load_file("/nonexistent/x.yaml", &t), MOEJIT_ERR_IO);
+  cr_expect(strstr(moejit_last_error(), "/nonexistent/x.yaml") != NULL, "%s", moejit_last_error());
+}
+
+/* ---- lookup ---------------------------------------------------------------------- */
+
+static moejit_spec qwen(void) {
+  moejit_spec s;
+  OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
+  return s;
+}
+
+static mj_tuned_entry entry_for(const moejit_spec *s, const char *kernel, int64_t tokens,
+                                moejit_gemm_cfg cfg, moejit_gemm_path path) {
+  mj_tuned_entry e;
+  memset(&e, 0, sizeof e);
+  strcpy(e.kernel, kernel);
+  e.dtype = s->act_dtype;
+  e.hidden = s->hidden, e.expert_width = s->expert_width;
+  e.experts = s->experts, e.top_k = s->top_k;
+  e.tokens = tokens;
+  e.cfg = cfg;
+  e.path = path;
+  e.us = 10.0 + (double)tokens;
+  return e;
+}
+
+static moejit_gemm_cfg tile(int m, int n, int k, int stages, int warps) {
+  return (moejit_gemm_cfg){m, n, k, stages, warps, 1, 1, MOEJIT_RASTER_ALONG_M};
+}
+
+/* Brute force of the bucket rule in long double logs (ties by exact
+ * products, to the larger bucket). */
+static int64_t brute_nearest(const int64_t *b, size_t n, int64_t t) {
+  int64_t best = -1;
+  long double best_d = 0;
+  for (size_t i = 0; i < n; i++) {
+    long double d = fabsl(log2l((long double)b[i]) - log2l((long double)t));
+    int64_t hi = b[i] > t ? b[i] : t, lo = b[i] > t ? t : b[i];
+    int64_t bhi = best > t ? best : t, blo = best > t ? t : best;
+    int tie = best >= 0 && (unsigned __int128)hi * (unsigned __int128)blo ==
+                               (unsigned __int128)bhi * (unsigned __int128)lo;
+    if (best < 0 || (!tie && d < best_d) || (tie && b[i] > best)) best = b[i], best_d = d;
+  }
+  return best;
+}
+
+Test(tuned_lookup, exact_nearest_and_ties) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  const int64_t buckets[] = {1, 8, 32, 256, 2048};
+  for (size_t i = 0; i < 5; i++) {
+    mj_tuned_entry e =
+        entry_for(&s, "gemm1", buckets[i], tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+    OK(mj_tuned_table_put(&t, &e));
+  }
+  mj_tuned_match m;
+  const struct {
+    int64_t tokens, want;
+    mj_tuned_match match;
+  } cases[] = {{1, 1, MJ_TUNED_EXACT},          {32, 32, MJ_TUNED_EXACT},
+               {2, 1, MJ_TUNED_NEAREST},        {3, 8, MJ_TUNED_NEAREST}, /* 3/1 > 8/3 */
+               {16, 32, MJ_TUNED_NEAREST},  /* tie 16/8 = 32/16: the larger */
+               {4, 8, MJ_TUNED_NEAREST},    /* 4/1 > 8/4 */
+               {90, 32, MJ_TUNED_NEAREST},  /* 90/32 < 256/90 */
+               {91, 256, MJ_TUNED_NEAREST}, /* 91/32 > 256/91 */
+               {100000, 2048, MJ_TUNED_NEAREST}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
+    const mj_tuned_entry *e = mj_tuned_lookup(&t, "gemm1", &s, cases[i].tokens, &m);
+    cr_assert_not_null(e, "T=%lld", (long long)cases[i].tokens);
+    cr_expect_eq(e->tokens, cases[i].want, "T=%lld: bucket %lld, want %lld",
+                 (long long)cases[i].tokens, (long long)e->tokens, (long long)cases[i].want);
+    cr_expect_eq(m, cases[i].match, "T=%lld", (long long)cases[i].tokens);
+  }
+  cr_expect_null(mj_tuned_lookup(&t, "gemm2", &s, 8, &m));
+  cr_expect_eq(m, MJ_TUNED_NONE);
+  moejit_spec other = s;
+  other.hidden = 4096;
+  cr_expect_null(mj_tuned_lookup(&t, "gemm1", &other, 8, &m));
+  other = s, other.act_dtype = other.weight_dtype = other.out_dtype = MOEJIT_DTYPE_FP16;
+  cr_expect_null(mj_tuned_lookup(&t, "gemm1", &other, 8, &m), "dtype must match");
+  other = s, other.weight_dtype = MOEJIT_DTYPE_FP16;
+  cr_expect_null(mj_tuned_lookup(&t, "gemm1", &other, 8, &m), "both dtypes must match");
+  mj_tuned_table_free(&t);
+}
+
+Test(tuned_lookup, nearest_matches_a_brute_force) {
+  ts_rng r = ts_rng_fresh("tuned nearest");
+  moejit_spec s = qwen();
+  for (int round = 0; round < 200; round++) {
+    mj_tuned_table t;
+    fill_header(&t, "dev");
+    int64_t b[12];
+    size_t n = 1 + ts_next(&r) % 12;
+    for (size_t i = 0; i < n; i++) {
+      b[i] = 1 + (int64_t)(ts_next(&r) % (round % 2 ? 64 : 1000000));
+      mj_tuned_entry e =
+          entry_for(&s, "gemm2", b[i], tile(128, 128, 64, 3, 8), MOEJIT_GEMM_PATH_MMA);
+      OK(mj_tuned_table_put(&t, &e)); /* a repeated bucket replaces: same rule */
+    }
+    int64_t tok = 1 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
+    mj_tuned_match m;
+    const mj_tuned_entry *e = mj_tuned_lookup(&t, "gemm2", &s, tok, &m);
+    cr_assert_not_null(e);
+    cr_assert_eq(e->tokens, brute_nearest(b, n, tok), "T=%lld", (long long)tok);
+    cr_assert_eq(m, e->tokens == tok ? MJ_TUNED_EXACT : MJ_TUNED_NEAREST);
+    mj_tuned_table_free(&t);
+  }
+}
+
+Test(tuned_lookup, entries_that_cannot_run_the_spec_are_skipped) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  /* 256x256 with 4 warps: 512 accumulators per thread, refused by validate */
+  mj_tuned_entry e = entry_for(&s, "gemm1", 8, tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_MMA);
+  OK(mj_tuned_table_put(&t, &e));
+  /* mma.sync takes 4 or 8 warps */
+  e = entry_for(&s, "gemm1", 16, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_MMA);
+  OK(mj_tuned_table_put(&t, &e));
+  mj_tuned_match m;
+  cr_expect_null(mj_tuned_lookup(&t, "gemm1", &s, 8, &m));
+  cr_expect_eq(m, MJ_TUNED_NONE);
+  /* the same 12-warp tile on wgmma is fine */
+  e = entry_for(&s, "gemm1", 64, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_WGMMA);
+  OK(mj_tuned_table_put(&t, &e));
+  const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &s, 8, &m);
+  cr_assert_not_null(got);
+  cr_expect_eq(got->tokens, 64);
+  cr_expect_eq(m, MJ_TUNED_NEAREST);
+  mj_tuned_table_free(&t);
+}
+
+/* ---- the table of a device --------------------------------------------------------- */
+
+Test(tuned_device, file_names_fold_odd_characters) {
+  char buf[128];
+  mj_tuned_file_name("NVIDIA H100 80GB HBM3", buf, sizeof buf);
+  cr_expect_str_eq(buf, "NVIDIA_H100_80GB_HBM3.yaml");
+  mj_tuned_file_name("a/b c:d.e-f_g", buf, sizeof buf);
+  cr_expect_str_eq(buf, "a_b_c_d.e-f_g.yaml");
+}
+
+static char *write_table(const char *dir, const char *device, const char *file_device,
+                         const moejit_spec *s, int64_t tokens) {
+  mj_tuned_table t;
+  fill_header(&t, device);
+  mj_tuned_entry e = entry_for(s, "gemm1", tokens, tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+  OK(mj_tuned_table_put(&t, &e));
+  char file[256], *path = malloc(1200);
+  cr_assert(path);
+  mj_tuned_file_name(file_device, file, sizeof file);
+  snprintf(path, 1200, "%s/%s", dir, file);
+  OK(mj_tuned_table_write(&t, path));
+  mj_tuned_table_free(&t);
+  return path;
+}
+
+Test(tuned_device, tuned_dir_then_embedded_then_not_found) {
+  moejit_spec s = qwen();
+  char *dir = ts_mkdtemp("tuned-dir");
+  const char *dev = "Test GPU 9000";
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  unsetenv("MOEJIT_TUNED_DIR");
+  /* an embedded table of this device, written by the same writer */
+  char *emb_path = write_table(dir, dev, dev, &s, 7);
+  char *emb_text = NULL;
+  size_t emb_len = 0;
+  OK(mj_read_file(emb_path, &emb_text, &emb_len));
+  remove(emb_path);
+  const mj_embedded_file embedded[] = {{"Other.yaml", "device: Other\nentries: []\n", 26},
+                                       {"Test_GPU_9000.yaml", emb_text, emb_len}};
+  mj_tuned_table t;
+  OK(mj_tuned_table_for_device_in(dev, embedded, 2, &t));
+  cr_expect_str_eq(t.origin, "embedded:Test_GPU_9000.yaml");
+  cr_expect_eq(t.entries[0].tokens, 7);
+  mj_tuned_table_free(&t);
+
+  /* $MOEJIT_TUNED_DIR wins */
+  char *path = write_table(dir, dev, dev, &s, 99);
+  setenv("MOEJIT_TUNED_DIR", dir, 1);
+  OK(mj_tuned_table_for_device_in(dev, embedded, 2, &t));
+  cr_expect_str_eq(t.origin, path);
+  cr_expect_eq(t.entries[0].tokens, 99);
+  mj_tuned_table_free(&t);
+
+  /* a device whose table is in neither place */
+  cr_expect_eq(mj_tuned_table_for_device_in("Test GPU 1", embedded, 2, &t), MOEJIT_ERR_NOT_FOUND);
+  const char *msg = moejit_last_error();
+  cr_expect(strstr(msg, "no tuned table for Test GPU 1") && strstr(msg, dir) &&
+                strstr(msg, "Test_GPU_1.yaml") && strstr(msg, "2 tables embedded"),
+            "%s", msg);
+  unsetenv("MOEJIT_TUNED_DIR");
+  cr_expect_eq(mj_tuned_table_for_device_in("Test GPU 1", embedded, 2, &t), MOEJIT_ERR_NOT_FOUND);
+  cr_expect(strstr(moejit_last_error(), "$MOEJIT_TUNED_DIR is not set"), "%s", moejit_last_error());
+
+  /* a file named for the device but holding another's table is passed over */
+  char *odd = write_table(dir, "Test GPU 9000!", dev, &s, 5);
+  setenv("MOEJIT_TUNED_DIR", dir, 1);
+  OK(mj_tuned_table_for_device_in(dev, embedded, 2, &t)); /* falls through to embedded */
+  cr_expect_str_eq(t.origin, "embedded:Test_GPU_9000.yaml");
+  mj_tuned_table_free(&t);
+  cr_expect_eq(mj_tuned_table_for_device_in(dev, embedded, 1, &t), MOEJIT_ERR_NOT_FOUND);
+  cr_expect(strstr(moejit_last_error(), "is the table of 'Test GPU 9000!'"), "%s",
+            moejit_last_error());
+  unsetenv("MOEJIT_TUNED_DIR");
+  free(emb_text), free(emb_path), free(path), free(odd);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(tuned_device, a_broken_table_is_a_config_error) {
+  char *dir = ts_mkdtemp("tuned-broken");
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  free(ts_write_file(dir, "Dev_X.yaml", "device: Dev X\nentries:\n  - {kernel: gemm1}\n"));
+  setenv("MOEJIT_TUNED_DIR", dir, 1);
+  mj_tuned_table t;
+  cr_expect_eq(mj_tuned_table_for_device_in("Dev X", NULL, 0, &t), MOEJIT_ERR_CONFIG);
+  cr_expect(strstr(moejit_last_error(), "Dev_X.yaml:3:5: entries[0]: missing key"), "%s",
+            moejit_last_error());
+  unsetenv("MOEJIT_TUNED_DIR");
+  const mj_embedded_file bad[] = {{"Dev_X.yaml", "device: Dev X\nentries: 3\n", 25}};
+  cr_expect_eq(mj_tuned_table_for_device_in("Dev X", bad, 1, &t), MOEJIT_ERR_CONFIG);
+  cr_expect(strstr(moejit_last_error(), "embedded:Dev_X.yaml:2:10: entries"), "%s",
+            moejit_last_error());
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(tuned_device, disable_variable) {
+  moejit_spec s = qwen();
+  char *dir = ts_mkdtemp("tuned-off");
+  free(write_table(dir, "Dev Y", "Dev Y", &s, 1));
+  setenv("MOEJIT_TUNED_DIR", dir, 1);
+  mj_tuned_table t;
+  setenv("MOEJIT_TUNED_DISABLE", "1", 1);
+  cr_expect_eq(mj_tuned_table_for_device_in("Dev Y", NULL, 0, &t), MOEJIT_ERR_NOT_FOUND);
+  cr_expect(strstr(moejit_last_error(), "disabled"), "%s", moejit_last_error());
+  cr_expect_eq(mj_tuned_table_for_device("Dev Y", &t), MOEJIT_ERR_NOT_FOUND);
+  setenv("MOEJIT_TUNED_DISABLE", "0", 1);
+  OK(mj_tuned_table_for_device_in("Dev Y", NULL, 0, &t));
+  mj_tuned_table_free(&t);
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  unsetenv("MOEJIT_TUNED_DIR");
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* Whatever configs/tuned/ holds parses, under the file name of its device. */
+Test(tuned_device, every_embedded_table_parses_under_its_device_name) {
+  for (size_t i = 0; i < mj_embedded_tuned_count; i++) {
+    mj_tuned_table t;
+    char origin[300], file[300];
+    snprintf(origin, sizeof origin, "embedded:%s", mj_embedded_tuned[i].name);
+    OK(mj_tuned_table_parse(mj_embedded_tuned[i].text, mj_embedded_tuned[i].len, origin, &t));
+    mj_tuned_file_name(t.device, file, sizeof file);
+    cr_expect_str_eq(file, mj_embedded_tuned[i].name);
+    mj_tuned_table_free(&t);
+  }
+  unsetenv("MOEJIT_TUNED_DIR");
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  mj_tuned_table t;
+  cr_expect_eq(mj_tuned_table_for_device("No Such GPU", &t), MOEJIT_ERR_NOT_FOUND);
+  char want[96];
+  snprintf(want, sizeof want, "among the %zu tables embedded", mj_embedded_tuned_count);
+  cr_expect(strstr(moejit_last_error(), want), "%s", moejit_last_error());
+}
+
+/* ---- what a load keeps and reports ------------------------------------------------- */
+
+typedef struct picked {
+  mj_gemm_variants v;
+  moejit_load_kernel row;
+} picked;
+
+static picked collect(const mj_tuned_table *t, const char *no_table, const moejit_spec *s,
+                      int which, const char *arch) {
+  picked p;
+  memset(&p, 0, sizeof p);
+  mj_gemm_variants_collect(t, no_table, s, which, arch, &p.v, &p.row);
+  return p;
+}
+
+static void tuned_qwen_table(mj_tuned_table *t, const moejit_spec *s) {
+  fill_header(t, "NVIDIA H100 80GB HBM3");
+  strcpy(t->origin, "embedded:NVIDIA_H100_80GB_HBM3.yaml");
+  const mj_tuned_entry es[] = {
+      entry_for(s, "gemm1", 256, tile(128, 256, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA),
+      entry_for(s, "gemm1", 1, tile(64, 64, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA),
+      entry_for(s, "gemm1", 32, tile(16, 256, 128, 3, 8), MOEJIT_GEMM_PATH_MMA),
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(t, &es[i]));
+}
+
+Test(tuned_pick, tuned_hit_is_reported_with_every_bucket) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  tuned_qwen_table(&t, &s);
+  picked p = collect(&t, NULL, &s, 1, "sm_90a");
+  cr_assert_eq(p.v.n, 3);
+  cr_expect(p.v.v[0].tokens == 1 && p.v.v[1].tokens == 32 && p.v.v[2].tokens == 256,
+            "variants sorted by bucket");
+  cr_expect_eq(p.v.v[1].path, MOEJIT_GEMM_PATH_MMA);
+  cr_expect_eq(p.v.v[1].cfg.tile_m, 16);
+  cr_expect_str_eq(p.row.config_source, "tuned");
+  cr_expect_str_eq(p.row.config, "3 buckets, T=1..256");
+  cr_expect_str_eq(p.row.config_detail,
+                   "embedded:NVIDIA_H100_80GB_HBM3.yaml: T=1 64x64x64 s8 w8 wgmma, T=32 "
+                   "16x256x128 s3 w8 mma, T=256 128x256x64 s4 w8 wgmma");
+  /* gemm2 has no entry: heuristic, and the report says why */
+  picked p2 = collect(&t, NULL, &s, 2, "sm_90a");
+  cr_expect_eq(p2.v.n, 0);
+  cr_expect_str_eq(p2.row.config_source, "heuristic");
+  cr_expect_str_eq(p2.row.config_detail,
+                   "embedded:NVIDIA_H100_80GB_HBM3.yaml has no gemm2 "
+                   "entry for bf16 d=2048 f=768 E=128 k=8");
+  char want[64];
+  snprintf(want, sizeof want, "%dx%dx%d s%d w%d", s.gemm2.tile_m, s.gemm2.tile_n, s.gemm2.tile_k,
+           s.gemm2.stages, s.gemm2.warps);
+  cr_expect_str_eq(p2.row.config, want);
+  mj_tuned_table_free(&t);
+}
+
+Test(tuned_pick, no_table_or_no_runnable_entry_falls_back_visibly) {
+  moejit_spec s = qwen();
+  picked p = collect(NULL, "no tuned table for NVIDIA H100 80GB HBM3 (...)", &s, 1, "sm_90a");
+  cr_expect_eq(p.v.n, 0);
+  cr_expect_str_eq(p.row.config_source, "heuristic");
+  cr_expect_str_eq(p.row.config_detail, "no tuned table for NVIDIA H100 80GB HBM3 (...)");
+  /* wgmma entries on an sm_80 ctx: skipped, and said so */
+  mj_tuned_table t;
+  tuned_qwen_table(&t, &s);
+  p = collect(&t, NULL, &s, 1, "sm_80");
+  cr_expect_eq(p.v.n, 1, "only the mma entry runs on sm_80");
+  cr_expect_str_eq(p.row.config_source, "tuned");
+  cr_expect(strstr(p.row.config_detail,
+                   "T=32 16x256x128 s3 w8 mma; skipped T=1 (the wgmma kernel "
+                   "needs an sm_90a device"),
+            "%s", p.row.config_detail);
+  mj_tuned_table_free(&t);
+  fill_header(&t, "dev");
+  strcpy(t.origin, "/x/dev.yaml");
+  mj_tuned_entry e = entry_for(&s, "gemm2", 4, tile(64, 64, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
+  OK(mj_tuned_table_put(&t, &e));
+  p = collect(&t, NULL, &s, 2, "sm_86");
+  cr_expect_eq(p.v.n, 0);
+  cr_expect_str_eq(p.row.config_source, "heuristic");
+  cr_expect(strstr(p.row.config_detail,
+                   "/x/dev.yaml: none of its 1 gemm2 entries for bf16 "
+                   "d=2048 f=768 E=128 k=8 runs here; skipped T=4"),
+            "%s", p.row.config_detail);
+  mj_tuned_table_free(&t);
+}
+
+Test(tuned_pick, forward_choice_exact_nearest_and_heuristic) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  tuned_qwen_table(&t, &s);
+  picked p = collect(&t, NULL, &s, 1, "sm_90a");
+  mj_gemm_choice c;
+  OK(mj_gemm_choose(&s, &p.v, 1, 32, "sm_90a", &c));
+  cr_expect_eq(c.match, MJ_TUNED_EXACT);
+  cr_expect_eq(c.path, MOEJIT_GEMM_PATH_MMA);
+  cr_expect_eq(c.spec, &c.scratch);
+  cr_expect_eq(c.spec->gemm1.tile_m, 16);
+  cr_expect(memcmp(&c.spec->gemm2, &s.gemm2, sizeof s.gemm2) == 0, "gemm2 untouched");
+  cr_expect_str_eq(c.plan.entry, "moejit_gemm1_swiglu_mma");
+  OK(mj_gemm_choose(&s, &p.v, 1, 3, "sm_90a", &c)); /* 3/1 > 32/3? no: 3 < 10.7 */
+  cr_expect_eq(c.match, MJ_TUNED_NEAREST);
+  cr_expect_eq(c.variant, 0);
+  cr_expect_eq(c.path, MOEJIT_GEMM_PATH_WGMMA);
+  cr_expect_eq(c.spec->gemm1.tile_m, 64);
+  OK(mj_gemm_choose(&s, &p.v, 1, 5000, "sm_90a", &c));
+  cr_expect_eq(c.spec->gemm1.tile_n, 256);
+  cr_expect_eq(c.variant, 2);
+  /* the variant spec is byte-equal to the one a load builds and warms */
+  moejit_spec built;
+  mj_gemm_variant_spec(&s, 1, &p.v.v[2], &built);
+  cr_expect(memcmp(&built, c.spec, sizeof built) == 0);
+  /* no variants: the model's spec and AUTO */
+  picked none = collect(&t, NULL, &s, 2, "sm_90a");
+  OK(mj_gemm_choose(&s, &none.v, 2, 7, "sm_90a", &c));
+  cr_expect_eq(c.spec, &s);
+  cr_expect_eq(c.path, MOEJIT_GEMM_PATH_AUTO);
+  cr_expect_eq(c.match, MJ_TUNED_NONE);
+  cr_expect_eq(c.variant, -1);
+  mj_tuned_table_free(&t);
+}
+
+/* A 16x32 tile makes 64 times the heuristic's CTAs: at the largest T its
+ * grid outgrows int32 while the heuristic's fits, so that call falls back. */
+Test(tuned_pick, a_variant_whose_plan_fails_at_this_t_falls_back) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  strcpy(t.origin, "dev.yaml");
+  mj_tuned_entry e = entry_for(&s, "gemm1", 1, tile(16, 32, 64, 4, 4), MOEJIT_GEMM_PATH_MMA);
+  OK(mj_tuned_table_put(&t, &e));
+  picked p = collect(&t, NULL, &s, 1, "sm_90a");
+  cr_assert_eq(p.v.n, 1);
+  mj_gemm_choice c;
+  OK(mj_gemm_choose(&s, &p.v, 1, 1000, "sm_90a", &c));
+  cr_expect_eq(c.variant, 0);
+  const int64_t t_max = INT32_MAX / s.top_k;
+  OK(mj_gemm_choose(&s, &p.v, 1, t_max, "sm_90a", &c));
+  cr_expect_eq(c.variant, -1);
+  cr_expect_eq(c.fell_back, 1);
+  cr_expect_eq(c.spec, &s);
+  cr_expect_eq(c.path, MOEJIT_GEMM_PATH_AUTO);
+  cr_expect(strstr(c.why, "tuned bucket T=1") && strstr(c.why, "blocks"), "%s", c.why);
+  mj_tuned_table_free(&t);
+}
+
+/* moejit_model_gemm_choice on a model assembled by hand (no ctx: arch
+ * unknown, so the mma.sync path runs), as a load would leave it. */
+static moejit_model *fake_model(const mj_tuned_table *t, const moejit_spec *s) {
+  moejit_model *m = calloc(1, sizeof *m);
+  cr_assert(m);
+  m->spec = *s;
+  m->families = MJ_OPS_LAYER;
+  m->report.n_kernels = 2;
+  for (int which = 1; which <= 2; which++) {
+    moejit_load_kernel *row = &m->report.kernels[which - 1];
+    strcpy(row->kernel, which == 1 ? "gemm1" : "gemm2");
+    mj_gemm_variants_collect(t, "no tuned table for Fake GPU", &m->spec, which, "",
+                             &m->gemm_variants[which - 1], row);
+  }
+  return m;
+}
+
+Test(tuned_pick, model_gemm_choice_describes_what_runs) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  fill_header(&t, "Fake GPU");
+  strcpy(t.origin, "/x/Fake_GPU.yaml");
+  mj_tuned_entry e = entry_for(&s, "gemm1", 4, tile(32, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+  OK(mj_tuned_table_put(&t, &e));
+  moejit_model *m = fake_model(&t, &s);
+  char desc[512];
+  moejit_config_source src = (moejit_config_source)-1;
+  OK(moejit_model_gemm_choice(m, "gemm1", 4, desc, sizeof desc, &src));
+  cr_expect_eq(src, MOEJIT_CONFIG_TUNED_EXACT);
+  cr_expect_str_eq(desc,
+                   "tuned, exact bucket T=4: 32x128x64 s4 w8, path mma, entry "
+                   "moejit_gemm1_swiglu_mma (/x/Fake_GPU.yaml: T=4 32x128x64 s4 w8 mma)");
+  OK(moejit_model_gemm_choice(m, "gemm1", 1000, desc, sizeof desc, &src));
+  cr_expect_eq(src, MOEJIT_CONFIG_TUNED_NEAREST);
+  cr_expect(strstr(desc, "tuned, nearest bucket T=4 for T=1000: 32x128x64"), "%s", desc);
+  OK(moejit_model_gemm_choice(m, "gemm2", 1, desc, sizeof desc, &src));
+  cr_expect_eq(src, MOEJIT_CONFIG_HEURISTIC);
+  cr_expect(!strncmp(desc, "heuristic: ", 11) &&
+                strstr(desc,
+                       ", path auto, entry moejit_gemm2_mma (/x/Fake_GPU.yaml has no "
+                       "gemm2 entry for bf16 d=2048"),
+            "%s", desc);
+  OK(moejit_model_gemm_choice(m, "gemm1", INT32_MAX / 8, desc, sizeof desc, &src));
+  cr_expect_eq(src, MOEJIT_CONFIG_TUNED_NEAREST);
+  char small[12];
+  OK(moejit_model_gemm_choice(m, "gemm2", 3, small, sizeof small, NULL));
+  cr_expect_str_eq(small, "heuristi...");
+  cr_expect_eq(moejit_model_gemm_choice(m, "gemm3", 1, desc, sizeof desc, &src),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_model_gemm_choice(m, "gemm1", 0, desc, sizeof desc, &src),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_model_gemm_choice(m, NULL, 1, desc, sizeof desc, &src),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  m->families = MJ_OPS_ALL;
+  cr_expect_eq(moejit_model_gemm_choice(m, "gemm1", 1, desc, sizeof desc, &src),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "without its gemm1 kernel"), "%s", moejit_last_error());
+  free(m);
+  /* without a table: the reason travels into the description */
+  m = fake_model(NULL, &s);
+  OK(moejit_model_gemm_choice(m, "gemm1", 2, desc, sizeof desc, &src));
+  cr_expect_eq(src, MOEJIT_CONFIG_HEURISTIC);
+  cr_expect(strstr(desc, "(no tuned table for Fake GPU)"), "%s", desc);
+  free(m);
+  mj_tuned_table_free(&t);
+}
