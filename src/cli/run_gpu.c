@@ -207,26 +207,44 @@ static int cmp_float(const void *x, const void *y) {
   return a < b ? -1 : a > b;
 }
 
-/* Median of `iters` runs of either the eager forward or a graph replay,
- * each between two events, after WARMUPS untimed runs. */
-static moejit_status time_runs(gpu_state *g, int64_t t, moejit_graph *graph, double *median) {
+static double median_of(float *ms, int n) {
+  qsort(ms, (size_t)n, sizeof *ms, cmp_float);
+  return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+}
+
+/* One run of the eager forward (graph NULL) or a graph replay between two
+ * events, waited for; *ms its time. */
+static moejit_status time_one(gpu_state *g, const moejit_moe_args *args, moejit_graph *graph,
+                              float *ms) {
+  moejit_status st = moejit_event_record(g->ctx, g->ev0, g->stream);
+  if (!st)
+    st = graph ? moejit_graph_launch(g->ctx, graph, g->stream)
+               : moejit_moe_forward(g->model, args, g->stream);
+  if (!st) st = moejit_event_record(g->ctx, g->ev1, g->stream);
+  if (!st) st = moejit_event_synchronize(g->ctx, g->ev1);
+  if (!st) st = moejit_event_elapsed_ms(g->ctx, g->ev0, g->ev1, ms);
+  return st;
+}
+
+/* Medians of `iters` eager runs and `iters` graph replays, after WARMUPS
+ * untimed pairs. The two alternate, so both see the same clocks: timed one
+ * after the other, the second set ran 2-8% slower at large T as the GPU
+ * warmed and its clocks dropped. */
+static moejit_status time_runs(gpu_state *g, int64_t t, moejit_graph *graph, double *eager_ms,
+                               double *graph_ms) {
   const int iters = g->a->iters;
-  float *ms = malloc(sizeof(float) * (size_t)iters);
+  float *ms = malloc(sizeof(float) * 2 * (size_t)iters), scratch;
   if (!ms) return MOEJIT_ERR_OUT_OF_MEMORY;
   moejit_moe_args args = forward_args(g, t);
   moejit_status st = MOEJIT_OK;
   for (int i = 0; i < WARMUPS + iters && !st; i++) {
-    st = moejit_event_record(g->ctx, g->ev0, g->stream);
-    if (!st)
-      st = graph ? moejit_graph_launch(g->ctx, graph, g->stream)
-                 : moejit_moe_forward(g->model, &args, g->stream);
-    if (!st) st = moejit_event_record(g->ctx, g->ev1, g->stream);
-    if (!st) st = moejit_event_synchronize(g->ctx, g->ev1);
-    if (!st && i >= WARMUPS) st = moejit_event_elapsed_ms(g->ctx, g->ev0, g->ev1, &ms[i - WARMUPS]);
+    const int timed = i >= WARMUPS;
+    st = time_one(g, &args, NULL, timed ? &ms[i - WARMUPS] : &scratch);
+    if (!st) st = time_one(g, &args, graph, timed ? &ms[iters + i - WARMUPS] : &scratch);
   }
   if (!st) {
-    qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
-    *median = iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+    *eager_ms = median_of(ms, iters);
+    *graph_ms = median_of(ms + iters, iters);
   }
   free(ms);
   return st;
@@ -351,8 +369,7 @@ static moejit_status run_point(gpu_state *g, point *p) {
   if (!st) st = graph_checked(g, p, eager, replay, &graph);
   free(eager);
   free(replay);
-  if (!st) st = time_runs(g, p->tokens, NULL, &p->eager_ms);
-  if (!st) st = time_runs(g, p->tokens, graph, &p->graph_ms);
+  if (!st) st = time_runs(g, p->tokens, graph, &p->eager_ms, &p->graph_ms);
   moejit_graph_destroy(g->ctx, graph);
   finish_point(g, p);
   return st;
@@ -418,7 +435,7 @@ static void print_text(const gpu_state *g) {
       "floor = max(FLOPs of both GEMMs / 750 TFLOP/s, (active experts' W1+W2 + x + out bytes) "
       "/ 3.0 TB/s); %% floor and the rates use the graph time. Active experts: the distinct "
       "experts the routing chose, counted from the ids on the host. Times: median of %d "
-      "CUDA-event-timed runs after %d warm-ups. Check: up to %d sampled tokens against a "
+      "CUDA-event-timed runs each, eager and graph alternating, after %d warm-ups. Check: up to %d sampled tokens against a "
       "float64 reference, graph replay bitwise equal to eager.\n",
       g->a->iters, WARMUPS, MAX_SAMPLES);
 }
