@@ -207,20 +207,24 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, c
  * (tile sweeps); tile_m 0 = keep the preset's. */
 static moejit_gemm_cfg g_override[2];
 
-/* M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M]] (raster 0: along M, 1: along N;
- * -1 keeps the spec's; cluster_m 1 or 2, 0 keeps the spec's) */
-static int g_raster[2] = {-1, -1}, g_cluster[2] = {0, 0};
+/* M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]] (raster 0: along M, 1:
+ * along N, -1 keeps the spec's; cluster_m 1 or 2, 0 keeps the spec's;
+ * schedule 0 cooperative, 1 pingpong, -1 keeps the spec's) */
+static int g_raster[2] = {-1, -1}, g_cluster[2] = {0, 0}, g_schedule[2] = {-1, -1};
 
-static int parse_tile(const char *text, moejit_gemm_cfg *g, int *raster, int *cluster) {
-  int n = sscanf(text, "%d,%d,%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
-                 &g->warps, raster, cluster);
-  return n >= 5 && n <= 7 && *raster >= -1 && *raster <= 1 && *cluster >= 0 && *cluster <= 2;
+static int parse_tile(const char *text, moejit_gemm_cfg *g, int *raster, int *cluster,
+                      int *schedule) {
+  int n = sscanf(text, "%d,%d,%d,%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
+                 &g->warps, raster, cluster, schedule);
+  return n >= 5 && n <= 8 && *raster >= -1 && *raster <= 1 && *cluster >= 0 && *cluster <= 2 &&
+         *schedule >= -1 && *schedule <= 1;
 }
 
 static void apply_override(moejit_gemm_cfg *dst, const moejit_gemm_cfg *o, int raster,
-                           int cluster) {
+                           int cluster, int schedule) {
   if (raster >= 0) dst->raster = (moejit_raster)raster;
   if (cluster > 0) dst->cluster_m = cluster;
+  if (schedule >= 0) dst->schedule = (moejit_gemm_schedule)schedule;
   if (!o->tile_m) return;
   dst->tile_m = o->tile_m, dst->tile_n = o->tile_n, dst->tile_k = o->tile_k;
   dst->stages = o->stages, dst->warps = o->warps;
@@ -230,8 +234,8 @@ static void bench_preset(moejit_ctx *ctx, const char *name, const int64_t *token
                          int iters, moejit_stream stream) {
   moejit_spec s;
   CHECK(moejit_spec_load_preset(name, &s));
-  apply_override(&s.gemm1, &g_override[0], g_raster[0], g_cluster[0]);
-  apply_override(&s.gemm2, &g_override[1], g_raster[1], g_cluster[1]);
+  apply_override(&s.gemm1, &g_override[0], g_raster[0], g_cluster[0], g_schedule[0]);
+  apply_override(&s.gemm2, &g_override[1], g_raster[1], g_cluster[1], g_schedule[1]);
   if (moejit_spec_validate(&s) != MOEJIT_OK) {
     printf("# %s: tile override rejected: %s\n", name, moejit_last_error());
     return;
@@ -405,14 +409,14 @@ int main(int argc, char **argv) {
       i++;
     } else if ((!strcmp(argv[i], "--gemm1") || !strcmp(argv[i], "--gemm2")) && i + 1 < argc &&
                parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'], &g_raster[argv[i][6] - '1'],
-                          &g_cluster[argv[i][6] - '1'])) {
+                          &g_cluster[argv[i][6] - '1'], &g_schedule[argv[i][6] - '1'])) {
       i++;
     } else if (!strcmp(argv[i], "--smoke")) {
       smoke = 1;
     } else {
       printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
              "                         [--path auto|mma|wgmma|both] [--smoke]\n"
-             "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M]]] [--gemm2 ...]\n"
+             "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] [--gemm2 ...]\n"
              "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
              "qwen3-30b-a3b, deepseek-v3) at T tokens with random uniform top-k routing:\n"
              "median of N launches after 3 warm-ups, against the floor\n"

@@ -110,7 +110,7 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
-typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts> Gemm1Wg;
+typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts, kSchedule> Gemm1Wg;
 typedef mj_wg_shape<64, 128, 64, 8, kExperts> Gemm1WgNarrow; // gemm_plan.c: MJ_WG_NARROW_*
 // cluster_m 2 (sm_90a): CTA pairs along M share each weight tile by TMA
 // multicast; the entry then carries the cluster shape.

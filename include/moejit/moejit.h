@@ -128,6 +128,18 @@ typedef enum moejit_raster {
   MOEJIT_RASTER_ALONG_N = 1  /* consecutive tiles walk across N (reuse A) */
 } moejit_raster;
 
+/* How the Hopper (wgmma) GEMM kernel shares a CTA's work between its two
+ * consumer warpgroups; other paths ignore it. */
+typedef enum moejit_gemm_schedule {
+  /* both warpgroups split each tile's rows (tile_m >= 128; 64-row tiles
+   * run one warpgroup) */
+  MOEJIT_SCHEDULE_COOPERATIVE = 0,
+  /* each warpgroup computes whole tiles and the two alternate, so one
+   * stores its tile while the other multiplies (tile_m x tile_n <= 16384:
+   * one warpgroup holds the whole tile's sums) */
+  MOEJIT_SCHEDULE_PINGPONG = 1
+} moejit_gemm_schedule;
+
 /* Launch shape of a memory-bound kernel family. */
 typedef struct moejit_simple_kernel_cfg {
   int block_threads; /* threads per block: 32..1024, a multiple of 32 */
@@ -140,6 +152,7 @@ typedef struct moejit_gemm_cfg {
   int warps;                  /* warps per CTA: 4, 8 or 12 */
   int cluster_m, cluster_n;   /* thread-block cluster shape, 1 or 2 each */
   moejit_raster raster;
+  moejit_gemm_schedule schedule; /* wgmma path only (0, cooperative, by default) */
 } moejit_gemm_cfg;
 
 #define MOEJIT_MAX_ARCHS 4

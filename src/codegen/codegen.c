@@ -188,6 +188,8 @@ static void emit_gemm_constants(mj_buf *b, const moejit_gemm_cfg *g) {
                 g->cluster_m, g->cluster_n, (int)g->raster);
   /* a macro too: kernel attributes (__cluster_dims__) are chosen by #if */
   mj_buf_printf(b, "#define MJ_CLUSTER_M %d\n", g->cluster_m);
+  mj_buf_printf(b, "static constexpr int kSchedule = %d; // 0 cooperative, 1 pingpong\n",
+                (int)g->schedule);
 }
 
 static moejit_status emit_prelude(mj_buf *b, const moejit_spec *s, const char *family,

@@ -68,9 +68,10 @@ typedef enum mj_field {
   MJ_F_ACT, MJ_F_WEIGHT, MJ_F_LOGITS, MJ_F_OUTPUT,
   MJ_F_ARCH0, MJ_F_ARCH1, MJ_F_ARCH2, MJ_F_ARCH3,
   MJ_F_ROUTE_THREADS, MJ_F_ALIGN_THREADS, MJ_F_COMBINE_THREADS,
-  MJ_F_GEMM1, /* first of 8 per GEMM: tile_m tile_n tile_k stages warps cluster_m cluster_n raster */
-  MJ_F_GEMM2 = MJ_F_GEMM1 + 8,
-  MJ_F_CACHE_DIR = MJ_F_GEMM2 + 8,
+  MJ_F_GEMM1, /* first of MJ_GEMM_NFIELDS per GEMM: tile_m tile_n tile_k stages warps
+                 cluster_m cluster_n raster schedule */
+  MJ_F_GEMM2 = MJ_F_GEMM1 + 9,
+  MJ_F_CACHE_DIR = MJ_F_GEMM2 + 9,
   MJ_F_CACHE_MAX,
   MJ_F_COUNT
 } mj_field;
@@ -83,6 +84,8 @@ typedef enum mj_field {
 #define MJ_GEMM_CLUSTER_M 5
 #define MJ_GEMM_CLUSTER_N 6
 #define MJ_GEMM_RASTER 7
+#define MJ_GEMM_SCHEDULE 8
+#define MJ_GEMM_NFIELDS 9
 
 /* Key path of a field ("model.top_k") and what it allows. */
 const char *mj_field_path(mj_field f);

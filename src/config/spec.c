@@ -38,7 +38,8 @@ static moejit_gemm_cfg gemm_default(int tile_n) {
                        .warps = 8,
                        .cluster_m = 1,
                        .cluster_n = 1,
-                       .raster = MOEJIT_RASTER_ALONG_M};
+                       .raster = MOEJIT_RASTER_ALONG_M,
+                       .schedule = MOEJIT_SCHEDULE_COOPERATIVE};
   return g;
 }
 
@@ -117,8 +118,9 @@ typedef struct field_info {
       {"kernels.gemm" n ".tile_n", "32, 64, 128 or 256"},                                   \
       {"kernels.gemm" n ".tile_k", "32, 64 or 128"}, {"kernels.gemm" n ".stages", "2..8"},  \
       {"kernels.gemm" n ".warps", "4, 8 or 12"}, {"kernels.gemm" n ".cluster_m", "1 or 2"}, \
-      {"kernels.gemm" n ".cluster_n", "1 or 2"}, {                                          \
-    "kernels.gemm" n ".raster", "along_m or along_n"                                        \
+      {"kernels.gemm" n ".cluster_n", "1 or 2"},                                            \
+      {"kernels.gemm" n ".raster", "along_m or along_n"}, {                                 \
+    "kernels.gemm" n ".schedule", "cooperative or pingpong"                                 \
   }
 
 static const field_info fields[MJ_F_COUNT] = {
@@ -186,8 +188,8 @@ static int *gemm_slot(moejit_gemm_cfg *g, int i) {
 }
 
 static moejit_gemm_cfg *gemm_of(moejit_spec *s, mj_field f, int *i) {
-  if (f >= MJ_F_GEMM1 && f < MJ_F_GEMM1 + 8) return *i = f - MJ_F_GEMM1, &s->gemm1;
-  if (f >= MJ_F_GEMM2 && f < MJ_F_GEMM2 + 8) return *i = f - MJ_F_GEMM2, &s->gemm2;
+  if (f >= MJ_F_GEMM1 && f < MJ_F_GEMM1 + MJ_GEMM_NFIELDS) return *i = f - MJ_F_GEMM1, &s->gemm1;
+  if (f >= MJ_F_GEMM2 && f < MJ_F_GEMM2 + MJ_GEMM_NFIELDS) return *i = f - MJ_F_GEMM2, &s->gemm2;
   return NULL;
 }
 
@@ -207,14 +209,16 @@ static int64_t gemm_get(const moejit_gemm_cfg *g, int i) {
       return g->cluster_m;
     case MJ_GEMM_CLUSTER_N:
       return g->cluster_n;
+    case MJ_GEMM_SCHEDULE:
+      return (int64_t)g->schedule;
     default:
       return (int64_t)g->raster;
   }
 }
 
 int64_t mj_spec_get_int(const moejit_spec *s, mj_field f) {
-  if (f >= MJ_F_GEMM1 && f < MJ_F_GEMM1 + 8) return gemm_get(&s->gemm1, f - MJ_F_GEMM1);
-  if (f >= MJ_F_GEMM2 && f < MJ_F_GEMM2 + 8) return gemm_get(&s->gemm2, f - MJ_F_GEMM2);
+  if (f >= MJ_F_GEMM1 && f < MJ_F_GEMM1 + MJ_GEMM_NFIELDS) return gemm_get(&s->gemm1, f - MJ_F_GEMM1);
+  if (f >= MJ_F_GEMM2 && f < MJ_F_GEMM2 + MJ_GEMM_NFIELDS) return gemm_get(&s->gemm2, f - MJ_F_GEMM2);
   switch (f) {
     case MJ_F_HIDDEN:
       return s->hidden;
@@ -259,6 +263,8 @@ void mj_spec_set_int(moejit_spec *s, mj_field f, int64_t v) {
   if (g) {
     if (i == MJ_GEMM_RASTER)
       g->raster = (moejit_raster)v;
+    else if (i == MJ_GEMM_SCHEDULE)
+      g->schedule = (moejit_gemm_schedule)v;
     else
       *gemm_slot(g, i) = (int)v;
     return;

@@ -24,6 +24,7 @@ typedef enum key_type {
   K_DTYPE,
   K_RULE,
   K_RASTER,
+  K_SCHEDULE,
   K_ARCHS,
   K_SIZE,
   K_DIR
@@ -50,8 +51,9 @@ struct section {
       {"stages", K_INT, b + MJ_GEMM_STAGES, NULL, 0},                                             \
       {"warps", K_INT, b + MJ_GEMM_WARPS, NULL, 0},                                               \
       {"cluster_m", K_INT, b + MJ_GEMM_CLUSTER_M, NULL, 0},                                       \
-      {"cluster_n", K_INT, b + MJ_GEMM_CLUSTER_N, NULL, 0}, {                                     \
-    "raster", K_RASTER, b + MJ_GEMM_RASTER, NULL, 0                                               \
+      {"cluster_n", K_INT, b + MJ_GEMM_CLUSTER_N, NULL, 0},                                       \
+      {"raster", K_RASTER, b + MJ_GEMM_RASTER, NULL, 0}, {                                        \
+    "schedule", K_SCHEDULE, b + MJ_GEMM_SCHEDULE, NULL, 0                                         \
   }
 
 static const key_def gemm1_keys[] = {GEMM_KEYS(MJ_F_GEMM1)};
@@ -105,6 +107,7 @@ SECTION(root_sec, "", root_keys);
 static const char *const dtype_names[] = {"fp32", "fp16", "bf16"};
 static const char *const rule_names[] = {"softmax_topk", "sigmoid_grouped_topk"};
 static const char *const raster_names[] = {"along_m", "along_n"};
+static const char *const schedule_names[] = {"cooperative", "pingpong"};
 
 /* ---- loader state and messages -------------------------------------------- */
 
@@ -454,6 +457,9 @@ static moejit_status load_value(loader *L, const key_def *k, const char *path,
       break;
     case K_RASTER:
       st = parse_enum(L, v, path, raster_names, 2, &i);
+      break;
+    case K_SCHEDULE:
+      st = parse_enum(L, v, path, schedule_names, 2, &i);
       break;
     case K_NAME:
       return load_name(L, v);

@@ -24,6 +24,7 @@ typedef struct mj_gemm_plan {
   int wg_box_w_rows;      /* TMA box of W (gemm1: half the B tile, gate or up) */
   int wg_stages;          /* pipeline depth the kernel derives */
   int wg_cluster;         /* CTAs per cluster along M (1, or 2: weight tiles multicast) */
+  int wg_pingpong;        /* 1: two consumer warpgroups alternate whole tiles */
   int64_t w_rows;         /* rows of the W tensor map: E * 2f (gemm1) or E * d */
   int decode;             /* 1: a decode launch on mma.sync with the 64-row decode tile
                              instead of the spec's: build the kernel from

@@ -63,8 +63,12 @@ const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which) {
     return "the wgmma kernel takes fp16 or bf16 only";
   if (spec->hidden % 8 != 0 || spec->expert_width % 8 != 0)
     return "hidden and expert_width must be multiples of 8 (TMA rows are 16-byte multiples)";
-  int tm = g->tile_m < 64 ? 64 : g->tile_m, consumers = tm >= 128 ? 2 : 1;
-  if ((tm / consumers / 64) * g->tile_n > 256)
+  const int pp = g->schedule == MOEJIT_SCHEDULE_PINGPONG;
+  int tm = g->tile_m < 64 ? 64 : g->tile_m, consumers = pp || tm >= 128 ? 2 : 1;
+  if (pp && (tm / 64) * g->tile_n > 256)
+    return "schedule pingpong keeps a whole tile per warpgroup: tile_m x tile_n must be at most "
+           "16384 (e.g. 128x128 or 64x256)";
+  if (!pp && (tm / consumers / 64) * g->tile_n > 256)
     return "tile_m 256 with tile_n 256 needs 256 accumulators per thread (at most 128)";
   if (g->tile_n % 32 != 0) return "tile_n must be a multiple of 32";
   return NULL;
@@ -177,7 +181,7 @@ static int wg_stages(int want, int stage_bytes, int extra) {
 }
 
 /* The wgmma plan (mj_wg_shape of the spec's tile, or, under AUTO, of the
- * narrow 64 x 64 x 64, 8-stage decode tile when the spec's tile would leave
+ * narrow 64 x 128 x 64, 8-stage decode tile when the spec's tile would leave
  * SMs idle; an explicit WGMMA path keeps the spec's tile, so a tuned table
  * or the autotuner gets exactly the tile it names). */
 static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gemm_cfg *g,
@@ -194,11 +198,14 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   if (narrow) tm = MJ_WG_NARROW_TM, tn = MJ_WG_NARROW_TN, want = MJ_WG_NARROW_KTILES;
   p->entry = which == 1 ? (narrow ? "moejit_gemm1_swiglu_wgmma_narrow" : "moejit_gemm1_swiglu_wgmma")
                         : (narrow ? "moejit_gemm2_wgmma_narrow" : "moejit_gemm2_wgmma");
-  int consumers = tm >= 128 ? 2 : 1, stage_bytes = (tm + tn) * 128;
+  /* the narrow decode tile is cooperative (one consumer warpgroup) */
+  const int pp = !narrow && g->schedule == MOEJIT_SCHEDULE_PINGPONG;
+  int consumers = pp || tm >= 128 ? 2 : 1, stage_bytes = (tm + tn) * 128;
   p->use_wgmma = 1;
   p->tile_m = tm, p->tile_n = tn;
   p->threads = 128u * (unsigned)(1 + consumers);
-  p->warps_m = consumers, p->warps_n = 1, p->warps_k = 1;
+  p->warps_m = pp ? 1 : consumers, p->warps_n = 1, p->warps_k = 1;
+  p->wg_pingpong = pp;
   const int table = wg_table_bytes(spec->experts);
   p->wg_stages = wg_stages(want, stage_bytes, table);
   p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16) + table);

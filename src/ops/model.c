@@ -194,7 +194,7 @@ static moejit_status find_table(moejit_ctx *ctx, const moejit_load_opts *opts, m
 static int same_cfg(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {
   return a->tile_m == b->tile_m && a->tile_n == b->tile_n && a->tile_k == b->tile_k &&
          a->stages == b->stages && a->warps == b->warps && a->cluster_m == b->cluster_m &&
-         a->cluster_n == b->cluster_n && a->raster == b->raster;
+         a->cluster_n == b->cluster_n && a->raster == b->raster && a->schedule == b->schedule;
 }
 
 static family_job *add_job(load_batch *b, const char *name, const moejit_spec *spec, int row,

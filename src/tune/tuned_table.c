@@ -30,13 +30,15 @@ static const unsigned char top_required[TK_COUNT] = {1, 0, 0, 0, 0, 1};
 /* clang-format off */
 enum {
   EK_KERNEL, EK_DTYPE, EK_HIDDEN, EK_WIDTH, EK_EXPERTS, EK_TOP_K, EK_TOKENS, EK_TILE,
-  EK_STAGES, EK_WARPS, EK_CLUSTER, EK_RASTER, EK_PATH, EK_US, EK_HEURISTIC_US, EK_COUNT
+  EK_STAGES, EK_WARPS, EK_CLUSTER, EK_RASTER, EK_PATH, EK_US, EK_HEURISTIC_US, EK_SCHEDULE,
+  EK_COUNT
 };
 static const char *const entry_keys[EK_COUNT] = {
     "kernel", "dtype", "hidden", "expert_width", "experts", "top_k", "tokens",      "tile",
-    "stages", "warps", "cluster", "raster",      "path",    "us",    "heuristic_us"};
+    "stages", "warps", "cluster", "raster",      "path",    "us",    "heuristic_us",
+    "schedule"};
 static const unsigned char entry_required[EK_COUNT] = {1, 1, 1, 1, 1, 1, 1, 1,
-                                                       1, 1, 0, 0, 1, 1, 0};
+                                                       1, 1, 0, 0, 1, 1, 0, 0};
 /* clang-format on */
 
 static const char *const kernel_names[] = {"gemm1", "gemm2"};
@@ -45,6 +47,7 @@ static const moejit_dtype dtype_values[] = {MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_FP16
 static const char *const path_names[] = {"mma", "wgmma"};
 static const moejit_gemm_path path_values[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA};
 static const char *const raster_names[] = {"along_m", "along_n"};
+static const char *const schedule_names[] = {"cooperative", "pingpong"};
 
 static const char *path_name(moejit_gemm_path p) {
   return p == MOEJIT_GEMM_PATH_MMA ? "mma" : p == MOEJIT_GEMM_PATH_WGMMA ? "wgmma" : "?";
@@ -119,6 +122,10 @@ static int cfg_problem(const moejit_gemm_cfg *g, int *key, char *why, size_t cap
     return *key = EK_RASTER,
            out_of(why, cap, "value %d is not a raster order (allowed along_m, along_n)",
                   (int)g->raster);
+  if (g->schedule != MOEJIT_SCHEDULE_COOPERATIVE && g->schedule != MOEJIT_SCHEDULE_PINGPONG)
+    return *key = EK_SCHEDULE,
+           out_of(why, cap, "value %d is not a schedule (allowed cooperative, pingpong)",
+                  (int)g->schedule);
   return 0;
 }
 
@@ -356,6 +363,11 @@ static moejit_status parse_entry_values(const tparser *P, const mj_yaml_node **v
     if ((st = get_enum(P, v[EK_RASTER], AT(EK_RASTER), raster_names, 2, &idx))) return st;
     e->cfg.raster = (moejit_raster)idx;
   }
+  e->cfg.schedule = MOEJIT_SCHEDULE_COOPERATIVE;
+  if (v[EK_SCHEDULE]) {
+    if ((st = get_enum(P, v[EK_SCHEDULE], AT(EK_SCHEDULE), schedule_names, 2, &idx))) return st;
+    e->cfg.schedule = (moejit_gemm_schedule)idx;
+  }
   if ((st = get_enum(P, v[EK_PATH], AT(EK_PATH), path_names, 2, &idx))) return st;
   e->path = path_values[idx];
   if ((st = get_double(P, v[EK_US], AT(EK_US), &e->us))) return st;
@@ -526,6 +538,7 @@ static void put_entry(mj_buf *b, const mj_tuned_entry *e) {
   if (g->cluster_m != 1 || g->cluster_n != 1)
     mj_buf_printf(b, "cluster: [%d, %d], ", g->cluster_m, g->cluster_n);
   if (g->raster != MOEJIT_RASTER_ALONG_M) mj_buf_printf(b, "raster: %s, ", raster_names[g->raster]);
+  if (g->schedule == MOEJIT_SCHEDULE_PINGPONG) mj_buf_puts(b, "schedule: pingpong, ");
   mj_buf_printf(b, "path: %s, us: ", path_name(e->path));
   put_double(b, e->us);
   mj_buf_puts(b, ", heuristic_us: ");

@@ -46,12 +46,16 @@ __host__ __device__ constexpr int mj_wg_table_bytes(int experts) {
 }
 
 // The CTA shape of the wgmma kernel for a spec tile TM x TN x TK, STAGES.
-// Rows: at least 64 (wgmma's M); 128 or 256 rows are split over two consumer
-// warpgroups. K-tiles are 64 elements: one 128-byte swizzle atom per row.
-template <int TM, int TN, int TK, int STAGES, int EXPERTS> struct mj_wg_shape {
+// Rows: at least 64 (wgmma's M). Cooperative (PP = 0): 128 or 256 rows are
+// split over two consumer warpgroups. Ping-pong (PP = 1): two consumer
+// warpgroups, each computing whole tiles, alternate tiles, so one stores
+// while the other multiplies. K-tiles are 64 elements: one 128-byte swizzle
+// atom per row.
+template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0> struct mj_wg_shape {
   static constexpr int kTM = TM < 64 ? 64 : TM;
-  static constexpr int kConsumers = kTM >= 128 ? 2 : 1;
-  static constexpr int kWgRows = kTM / kConsumers; // rows per consumer warpgroup
+  static constexpr bool kPingPong = PP != 0;
+  static constexpr int kConsumers = PP || kTM >= 128 ? 2 : 1;
+  static constexpr int kWgRows = PP ? kTM : kTM / kConsumers; // rows per consumer warpgroup
   static constexpr int kMB = kWgRows / 64;         // m64 blocks per consumer
   static constexpr int kTN = TN;                   // B rows (gemm1: gate + up)
   static constexpr int kTK = 64;
@@ -73,7 +77,7 @@ template <int TM, int TN, int TK, int STAGES, int EXPERTS> struct mj_wg_shape {
   // 8*i + 2*(t%4) (+1), in acc[4*i + 2*half + 0..1]).
   __device__ static int row(int c, int mb, int half) {
     const int t = threadIdx.x & 127;
-    return c * kWgRows + mb * 64 + (t >> 5) * 16 + ((t & 31) >> 2) + half * 8;
+    return (PP ? 0 : c * kWgRows) + mb * 64 + (t >> 5) * 16 + ((t & 31) >> 2) + half * 8;
   }
   __device__ static int col(int i) { return i * 8 + (threadIdx.x & 3) * 2; }
 };
@@ -306,6 +310,12 @@ struct mj_wg_ring {
   template <class S> __device__ __forceinline__ void next() {
     if (++s == S::kStages) s = 0, phase ^= 1u;
   }
+  // Skips n stage uses (a ping-pong consumer passing the other's tile).
+  template <class S> __device__ __forceinline__ void skip(int n) {
+    const int total = s + n;
+    phase ^= (unsigned)((total / S::kStages) & 1);
+    s = total % S::kStages;
+  }
 };
 
 // The producer: one thread issues the TMA loads of every k-tile of one tile:
@@ -374,7 +384,7 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
 #pragma unroll
     for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
     mj_wgmma_fence();
-    const unsigned a = sm.a + ring.s * S::kStageA + c * S::kWgRows * 128;
+    const unsigned a = sm.a + ring.s * S::kStageA + (S::kPingPong ? 0 : c * S::kWgRows * 128);
     const unsigned b = sm.b + ring.s * S::kStageB;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -415,7 +425,8 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
 #pragma unroll 1
     for (int s = 0; s < S::kStages; ++s) {
       mj_mbar_init(sm.full + s * 8, 1);                        // the producer's expect_tx
-      mj_mbar_init(sm.empty + s * 8, 4 * S::kConsumers * CM); // each consumer warp of the cluster
+      // each consumer warp of the cluster that reads the stage (ping-pong: one warpgroup)
+      mj_mbar_init(sm.empty + s * 8, 4 * (S::kPingPong ? 1 : S::kConsumers) * CM);
     }
     // Make the initialized barriers visible to the async proxy (TMA) and,
     // in a cluster, to the other CTA.
@@ -445,11 +456,16 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
   } else {
     if constexpr (S::kConsumers == 2) mj_setmaxnreg_inc<232>();
     float acc[S::kMB][S::kAcc];
+    const int c = wg - 1;
+    // ping-pong: this warpgroup takes the CTA's items c, c + 2, ...
+    if (S::kPingPong && c == 1) ring.skip<S>((K + 63) / 64);
 #pragma unroll 1
-    for (int w = first; w < items; w += stride) {
+    for (int w = first + (S::kPingPong ? c * stride : 0); w < items;
+         w += S::kPingPong ? 2 * stride : stride) {
       const mj_gemm_tile t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
-      mj_wg_consume<S, T, K, CM>(sm, ring, wg - 1, acc);
-      epi(acc, wg - 1, t);
+      mj_wg_consume<S, T, K, CM>(sm, ring, c, acc);
+      if (S::kPingPong) ring.skip<S>((K + 63) / 64); // the other warpgroup's next tile
+      epi(acc, c, t);
     }
   }
   // No CTA leaves while its peer may still arrive on its barriers.

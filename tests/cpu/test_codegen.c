@@ -137,8 +137,8 @@ Test(codegen, gemm_families_get_their_own_tile) {
   moejit_spec s;
   ts_rng r = ts_rng_fresh("gemm_tile");
   cs_random_spec(&r, &s);
-  s.gemm1 = (moejit_gemm_cfg){32, 128, 64, 3, 4, 2, 1, MOEJIT_RASTER_ALONG_N};
-  s.gemm2 = (moejit_gemm_cfg){64, 64, 32, 2, 8, 1, 2, MOEJIT_RASTER_ALONG_M};
+  s.gemm1 = (moejit_gemm_cfg){32, 128, 64, 3, 4, 2, 1, MOEJIT_RASTER_ALONG_N, MOEJIT_SCHEDULE_COOPERATIVE};
+  s.gemm2 = (moejit_gemm_cfg){64, 64, 32, 2, 8, 1, 2, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
   const moejit_gemm_cfg *cfg[] = {&s.gemm1, &s.gemm2};
   for (int i = 0; i < 2; i++) {
     mj_kernel_source ks = gen_ok(&s, i ? "gemm2" : "gemm1", "sm_90a", GOOD);

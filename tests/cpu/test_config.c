@@ -204,8 +204,8 @@ Test(config_load, full_sets_every_key) {
   cr_assert_eq(s.route.block_threads, 128);
   cr_assert_eq(s.align.block_threads, 512);
   cr_assert_eq(s.combine.block_threads, 64);
-  moejit_gemm_cfg g1 = {16, 256, 128, 3, 8, 1, 1, MOEJIT_RASTER_ALONG_N};
-  moejit_gemm_cfg g2 = {32, 64, 32, 8, 4, 1, 1, MOEJIT_RASTER_ALONG_M};
+  moejit_gemm_cfg g1 = {16, 256, 128, 3, 8, 1, 1, MOEJIT_RASTER_ALONG_N, MOEJIT_SCHEDULE_COOPERATIVE};
+  moejit_gemm_cfg g2 = {32, 64, 32, 8, 4, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
   cr_assert(memcmp(&s.gemm1, &g1, sizeof g1) == 0);
   cr_assert(memcmp(&s.gemm2, &g2, sizeof g2) == 0);
   cr_assert_str_eq(s.cache_dir, "/tmp/moejit-full-example");
@@ -623,6 +623,9 @@ Test(config_validate, every_field_is_named) {
   expect_invalid(&s, "kernels.gemm1.cluster_n: 4 is out of range (allowed 1 or 2)");
   s = valid_spec(), s.gemm2.raster = (moejit_raster)3;
   expect_invalid(&s, "kernels.gemm2.raster: value 3 is not a raster order");
+  s = valid_spec(), s.gemm1.schedule = (moejit_gemm_schedule)2;
+  expect_invalid(&s, "kernels.gemm1.schedule: value 2 is not a schedule (allowed cooperative or "
+                     "pingpong)");
   s = valid_spec(), memset(s.cache_dir, 'c', sizeof s.cache_dir);
   expect_invalid(&s, "cache.dir: is not NUL-terminated");
 }
@@ -701,7 +704,7 @@ Test(config_helpers, arch_parse) {
 }
 
 Test(config_helpers, gemm_smem_bytes) {
-  moejit_gemm_cfg g = {128, 256, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_M};
+  moejit_gemm_cfg g = {128, 256, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
   cr_assert_eq(mj_gemm_smem_bytes(&g, 2), 4u * 384 * 64 * 2);
   g.stages = 3, g.tile_m = 16;
   cr_assert_eq(mj_gemm_smem_bytes(&g, 4), 3u * 272 * 64 * 4);
@@ -804,4 +807,18 @@ Test(config_fuzz, mutated_configs_never_crash) {
   }
   cr_assert_gt(bad, 100, "mutations should mostly break the config (ok %d, bad %d)", ok, bad);
   free(base);
+}
+
+/* kernels.gemmN.schedule: the wgmma path's ping-pong schedule by name. */
+Test(config_load, gemm_schedule) {
+  const char *base = "name: pp\nmodel: {hidden: 2048, expert_width: 768, experts: 128, top_k: 8}\n"
+                     "kernels:\n  gemm2: {tile_m: 128, tile_n: 128, schedule: %s}\n";
+  char yaml[512];
+  moejit_spec spec;
+  snprintf(yaml, sizeof yaml, base, "pingpong");
+  cr_assert_eq(load_text(yaml, &spec), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(spec.gemm2.schedule, MOEJIT_SCHEDULE_PINGPONG);
+  cr_assert_eq(spec.gemm1.schedule, MOEJIT_SCHEDULE_COOPERATIVE, "the default");
+  snprintf(yaml, sizeof yaml, base, "pingpnog");
+  expect_error(yaml, 4, 47, "did you mean 'pingpong'");
 }

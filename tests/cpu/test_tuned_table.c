@@ -44,7 +44,8 @@ static mj_tuned_entry random_entry(ts_rng *r) {
                             (int[]){4, 8, 12}[ts_next(r) % 3],
                             (int)(1 + ts_next(r) % 2),
                             (int)(1 + ts_next(r) % 2),
-                            (moejit_raster)(ts_next(r) % 2)};
+                            (moejit_raster)(ts_next(r) % 2),
+                            (moejit_gemm_schedule)(ts_next(r) % 2)};
   e.path = ts_next(r) & 1 ? MOEJIT_GEMM_PATH_MMA : MOEJIT_GEMM_PATH_WGMMA;
   e.us = ts_uniform(r, 0.5, 5000.0);
   e.heuristic_us = ts_next(r) % 4 ? ts_uniform(r, 0.5, 5000.0) : 0.0;
@@ -354,7 +355,7 @@ static mj_tuned_entry entry_for(const moejit_spec *s, const char *kernel, int64_
 }
 
 static moejit_gemm_cfg tile(int m, int n, int k, int stages, int warps) {
-  return (moejit_gemm_cfg){m, n, k, stages, warps, 1, 1, MOEJIT_RASTER_ALONG_M};
+  return (moejit_gemm_cfg){m, n, k, stages, warps, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
 }
 
 /* Brute force of the bucket rule in long double logs (ties by exact

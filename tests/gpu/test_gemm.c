@@ -45,7 +45,7 @@ static moejit_spec make_spec(int64_t d, int64_t f, int experts, moejit_dtype dty
 }
 
 static moejit_gemm_cfg cfg(int tm, int tn, int tk, int stages, int warps, int raster) {
-  return (moejit_gemm_cfg){tm, tn, tk, stages, warps, 1, 1, (moejit_raster)raster};
+  return (moejit_gemm_cfg){tm, tn, tk, stages, warps, 1, 1, (moejit_raster)raster, MOEJIT_SCHEDULE_COOPERATIVE};
 }
 
 /* Uniform in [-scale, scale), stored as dtype. */
@@ -339,6 +339,37 @@ Test(gemm, wgmma_cluster_pairs) {
       cr_expect(err <= c.tolerance, "tile %d: gemm%d cluster 2: rel error %.3g", (int)i, which, err);
     }
   }
+  moejit_ctx_destroy(ctx);
+}
+
+/* schedule pingpong on the wgmma path: two consumer warpgroups alternate
+ * whole tiles (each CTA takes several tiles: odd and even counts per CTA,
+ * ragged N and K, uneven routing). */
+Test(gemm, wgmma_pingpong) {
+  moejit_ctx *ctx = ctx_or_skip();
+  if (!ctx_is_sm90a(ctx)) {
+    moejit_ctx_destroy(ctx);
+    cr_skip_test("the wgmma path needs an sm_90a device");
+  }
+  const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
+  const moejit_gemm_cfg tiles[] = {cfg(128, 128, 64, 4, 8, 0), cfg(64, 256, 64, 4, 8, 1),
+                                   cfg(64, 128, 128, 3, 8, 0)};
+  for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
+    moejit_spec s = make_spec(264, 200, 8, MOEJIT_DTYPE_BF16, tiles[i]);
+    s.gemm1.schedule = s.gemm2.schedule = MOEJIT_SCHEDULE_PINGPONG;
+    for (int which = 1; which <= 2; which++) {
+      gemm_case c = {ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, counts, 5, which == 2, tol_of(s.act_dtype)};
+      double err = run_case(&c);
+      cr_expect(err <= c.tolerance, "tile %d: gemm%d pingpong: rel error %.3g", (int)i, which, err);
+    }
+  }
+  /* a tile one warpgroup cannot hold: refused on WGMMA, mma.sync under AUTO */
+  moejit_spec big = make_spec(264, 200, 8, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
+  big.gemm2.schedule = MOEJIT_SCHEDULE_PINGPONG;
+  mj_gemm_plan p;
+  cr_assert_eq(mj_gemm_plan_make_for(&big, 2, MOEJIT_GEMM_PATH_WGMMA, 100, "sm_90a", &p),
+               MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "pingpong"), "%s", moejit_last_error());
   moejit_ctx_destroy(ctx);
 }
 
