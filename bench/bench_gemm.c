@@ -308,7 +308,7 @@ static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path) {
   CHECK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
   s.hidden = 64, s.expert_width = which == 1 ? 32 : 64, s.experts = 1, s.top_k = 1;
   s.act_dtype = s.weight_dtype = s.out_dtype = MOEJIT_DTYPE_BF16;
-  s.gemm1 = s.gemm2 = (moejit_gemm_cfg){64, 64, 64, 4, 8, 1, 1, (moejit_raster)0};
+  s.gemm1 = s.gemm2 = (moejit_gemm_cfg){64, 64, 64, 4, 8, 1, 1, (moejit_raster)0, MOEJIT_SCHEDULE_COOPERATIVE};
   CHECK(moejit_spec_validate(&s));
   uint16_t a[M * K], w[64 * K], out[M * 64];
   double ref[M * 64], max_ref = 0, max_err = 0;

@@ -46,7 +46,7 @@ static mj_tuned_entry entry(const moejit_spec *s, const char *kernel, int64_t to
   e.dtype = s->act_dtype;
   e.hidden = s->hidden, e.expert_width = s->expert_width;
   e.experts = s->experts, e.top_k = s->top_k, e.tokens = tokens;
-  e.cfg = (moejit_gemm_cfg){tm, tn, tk, stages, warps, 1, 1, MOEJIT_RASTER_ALONG_M};
+  e.cfg = (moejit_gemm_cfg){tm, tn, tk, stages, warps, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
   e.path = path;
   e.us = 5.0, e.heuristic_us = 6.0;
   return e;
