@@ -206,7 +206,8 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   p->threads = 128u * (unsigned)(1 + consumers);
   p->warps_m = pp ? 1 : consumers, p->warps_n = 1, p->warps_k = 1;
   p->wg_pingpong = pp;
-  const int table = wg_table_bytes(spec->experts);
+  /* the tile table, after (ping-pong) the two order mbarriers */
+  const int table = wg_table_bytes(spec->experts) + (pp ? 16 : 0);
   p->wg_stages = wg_stages(want, stage_bytes, table);
   p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16) + table);
   p->wg_box_a_rows = tm;

@@ -62,7 +62,8 @@ template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0> struct mj
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kStageA = kTM * 128, kStageB = kTN * 128;
   static constexpr int kStageBytes = kStageA + kStageB;
-  static constexpr int kTableBytes = mj_wg_table_bytes(EXPERTS);
+  // the tile table, after (ping-pong) the two warpgroups' order barriers
+  static constexpr int kTableBytes = mj_wg_table_bytes(EXPERTS) + (PP ? 16 : 0);
   static constexpr int kStages = mj_wg_stages(STAGES * TK / 64, kStageBytes, kTableBytes);
   // +1024: the tiles start at the next 1024-byte boundary (swizzle atoms);
   // 16 bytes per stage: its full and empty mbarriers; then the tile table.
@@ -215,13 +216,14 @@ template <int N> __device__ __forceinline__ void mj_setmaxnreg_dec() {
 // full[kStages] and empty[kStages] mbarriers (8 bytes each), then the tile
 // table (int [EXPERTS + 1]).
 template <class S> struct mj_wg_smem {
-  unsigned a, b, full, empty, table;
+  unsigned a, b, full, empty, order, table;
   __device__ explicit mj_wg_smem(unsigned raw) {
     a = (raw + 1023u) & ~1023u;
     b = a + S::kStages * S::kStageA;
     full = b + S::kStages * S::kStageB;
     empty = full + S::kStages * 8;
-    table = empty + S::kStages * 8;
+    order = empty + S::kStages * 8;                  // ping-pong: done[2]
+    table = order + (S::kPingPong ? 16 : 0);
   }
 };
 
@@ -428,6 +430,10 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       // each consumer warp of the cluster that reads the stage (ping-pong: one warpgroup)
       mj_mbar_init(sm.empty + s * 8, 4 * (S::kPingPong ? 1 : S::kConsumers) * CM);
     }
+    if (S::kPingPong) { // each consumer warpgroup's "mainloop of a tile done": one per warp
+      mj_mbar_init(sm.order, 4);
+      mj_mbar_init(sm.order + 8, 4);
+    }
     // Make the initialized barriers visible to the async proxy (TMA) and,
     // in a cluster, to the other CTA.
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -457,14 +463,28 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
     if constexpr (S::kConsumers == 2) mj_setmaxnreg_inc<232>();
     float acc[S::kMB][S::kAcc];
     const int c = wg - 1;
-    // ping-pong: this warpgroup takes the CTA's items c, c + 2, ...
+    // Ping-pong: this warpgroup takes the CTA's items c, c + 2, ... and
+    // starts a tile's mainloop only once the other warpgroup finished the
+    // mainloop of the tile before (its order barrier), so the two never
+    // multiply at once, one stores while the other multiplies, and neither
+    // waits on a stage more than one lap of the ring ahead of the producer
+    // (an mbarrier's parity cannot tell two laps apart).
     if (S::kPingPong && c == 1) ring.skip<S>((K + 63) / 64);
+    unsigned order_phase = 0;
+    const bool signals = (threadIdx.x & 31) == 0;
 #pragma unroll 1
-    for (int w = first + (S::kPingPong ? c * stride : 0); w < items;
-         w += S::kPingPong ? 2 * stride : stride) {
+    for (int w = first + (S::kPingPong ? c * stride : 0), j = c; w < items;
+         w += S::kPingPong ? 2 * stride : stride, j += 2) {
       const mj_gemm_tile t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
+      if (S::kPingPong && j > 0) {
+        mj_mbar_wait(sm.order + (1 - c) * 8, order_phase);
+        order_phase ^= 1u;
+      }
       mj_wg_consume<S, T, K, CM>(sm, ring, c, acc);
-      if (S::kPingPong) ring.skip<S>((K + 63) / 64); // the other warpgroup's next tile
+      if (S::kPingPong) {
+        if (signals) mj_mbar_arrive(sm.order + c * 8);
+        ring.skip<S>((K + 63) / 64); // the other warpgroup's next tile
+      }
       epi(acc, c, t);
     }
   }
