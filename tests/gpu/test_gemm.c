@@ -344,7 +344,7 @@ Test(gemm, wgmma_cluster_pairs) {
 
 /* schedule pingpong on the wgmma path: two consumer warpgroups alternate
  * whole tiles (each CTA takes several tiles: odd and even counts per CTA,
- * ragged N and K, uneven routing). */
+ * ragged N and K with more k-tiles than stages, uneven routing). */
 Test(gemm, wgmma_pingpong) {
   moejit_ctx *ctx = ctx_or_skip();
   if (!ctx_is_sm90a(ctx)) {
@@ -355,7 +355,7 @@ Test(gemm, wgmma_pingpong) {
   const moejit_gemm_cfg tiles[] = {cfg(128, 128, 64, 4, 8, 0), cfg(64, 256, 64, 4, 8, 1),
                                    cfg(64, 128, 128, 3, 8, 0)};
   for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
-    moejit_spec s = make_spec(264, 200, 8, MOEJIT_DTYPE_BF16, tiles[i]);
+    moejit_spec s = make_spec(1032, 584, 8, MOEJIT_DTYPE_BF16, tiles[i]);
     s.gemm1.schedule = s.gemm2.schedule = MOEJIT_SCHEDULE_PINGPONG;
     for (int which = 1; which <= 2; which++) {
       gemm_case c = {ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, counts, 5, which == 2, tol_of(s.act_dtype)};
