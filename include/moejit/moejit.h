@@ -349,5 +349,6 @@ MOEJIT_API moejit_status moejit_parse_size(const char *text, uint64_t *bytes);
 #include "moejit/ops.h"
 #include "moejit/gemm.h"
 #include "moejit/layer.h"
+#include "moejit/tune.h"
 
 #endif /* MOEJIT_MOEJIT_H */

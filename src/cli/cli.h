@@ -40,5 +40,6 @@ int cli_gen(int argc, char **argv);
 int cli_cache(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_run(int argc, char **argv);
+int cli_tune(int argc, char **argv);
 
 #endif

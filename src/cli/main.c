@@ -15,6 +15,7 @@ static void usage(FILE *f) {
           "  compile [CONFIG | --preset NAME]   generate and compile every kernel (no GPU needed)\n"
           "  gen [CONFIG | --preset NAME] --kernel NAME   print a kernel's generated CUDA source\n"
           "  cache stats|list|verify|prune|clear  inspect and maintain the cubin cache\n"
+          "  tune SWEEP                         autotune the GEMM tiles of a sweep (docs/tune.md)\n"
           "  info                               driver, GPUs, NVRTC and cache\n"
           "\n"
           "options:\n"
@@ -49,7 +50,8 @@ int main(int argc, char **argv) {
                   {"compile", cli_compile},
                   {"gen", cli_gen},
                   {"cache", cli_cache},
-                  {"info", cli_info}};
+                  {"info", cli_info},
+                  {"tune", cli_tune}};
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "moejit: unknown command '%s'\n\n", cmd);

@@ -1,0 +1,352 @@
+/* `moejit tune SWEEP`: runs an autotuning sweep through moejit_tune_run and
+ * renders its progress (a bar on a terminal, plain lines otherwise), the
+ * pruning and compile counts, and the speedup of the tuned tiles over the
+ * heuristic. Without a GPU it compiles the candidates (cache warming). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+static void tune_usage(FILE *f) {
+  fprintf(f,
+          "usage: moejit tune SWEEP [options]\n"
+          "\n"
+          "Autotunes the grouped GEMMs (gemm1 + SwiGLU, gemm2): enumerates the sweep's tile\n"
+          "spaces, prunes what cannot run (shared memory, registers, divisibility, identical\n"
+          "launch plans), compiles the rest in parallel through the cache, checks each\n"
+          "candidate against a float64 reference and times it (CUDA events, median), then\n"
+          "writes the winners to a tuned table that model loading reads, and every\n"
+          "candidate's time to results.csv / results.json / chart.svg.\n"
+          "Resumable: candidates measured by an earlier run in the same results dir on\n"
+          "the same GPU are not timed again, and compiled kernels come from the cache.\n"
+          "Without a GPU it compiles every candidate (cache warming), says timing needs a\n"
+          "GPU and exits 0.\n"
+          "\n"
+          "SWEEP is a sweep YAML file or the name of one in configs/sweeps/ (e.g. smoke,\n"
+          "h100-presets); format: docs/tune.md.\n"
+          "\n"
+          "options:\n"
+          "  --out FILE            tuned table to write or merge into\n"
+          "                        (default configs/tuned/<GPU name>.yaml)\n"
+          "  --results DIR         results directory (default tune-out/<sweep name>)\n"
+          "  --jobs N              compile threads (default: all CPUs)\n"
+          "  --budget-seconds S    start no new timing after S seconds; what finished is\n"
+          "                        written, a re-run resumes the rest\n"
+          "  --warmup N            warm-up launches per candidate (default: the sweep's, 3)\n"
+          "  --iters N             timed launches per candidate, median kept (default 20)\n"
+          "  --arch ARCH           target arch when compiling without a GPU (default sm_90a)\n"
+          "  --compile-only        compile (warm the cache) even when a GPU is present\n"
+          "  --dry-run             count and prune the candidates; compile nothing\n"
+          "  --no-table            write results, but no tuned table\n"
+          "  --json                print the summary as one JSON object (progress: stderr)\n"
+          "\n"
+          "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n");
+}
+
+typedef struct tune_args {
+  const char *sweep, *out, *results, *arch;
+  int jobs, warmup, iters, json, dry_run, compile_only, no_table;
+  double budget;
+} tune_args;
+
+static int parse_budget(const char *v, double *out) {
+  char *end = NULL;
+  double s = strtod(v, &end);
+  if (!end || *end || end == v || !(s > 0) || s > 1e7) {
+    fprintf(stderr, "moejit: --budget-seconds: '%s' is not a number of seconds > 0\n", v);
+    return 0;
+  }
+  *out = s;
+  return 1;
+}
+
+static int parse_args(int argc, char **argv, tune_args *a) {
+  for (int i = 1; i < argc; i++) {
+    const char *v = NULL;
+    int bad = 0, rc;
+    if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return -1;
+    if (cli_opt_value(argc, argv, &i, "--out", &a->out, &bad) ||
+        cli_opt_value(argc, argv, &i, "--results", &a->results, &bad) ||
+        cli_opt_value(argc, argv, &i, "--arch", &a->arch, &bad)) {
+      if (bad) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--jobs", &v, &bad)) {
+      if (bad || !cli_parse_int("--jobs", v, 1, 256, &a->jobs)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--warmup", &v, &bad)) {
+      if (bad || !cli_parse_int("--warmup", v, 1, 1000, &a->warmup)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--iters", &v, &bad)) {
+      if (bad || !cli_parse_int("--iters", v, 1, 1000, &a->iters)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--budget-seconds", &v, &bad)) {
+      if (bad || !parse_budget(v, &a->budget)) return CLI_EXIT_USAGE;
+    } else if (cli_flag(argv, i, "--json")) {
+      a->json = 1;
+    } else if (cli_flag(argv, i, "--dry-run")) {
+      a->dry_run = 1;
+    } else if (cli_flag(argv, i, "--compile-only")) {
+      a->compile_only = 1;
+    } else if (cli_flag(argv, i, "--no-table")) {
+      a->no_table = 1;
+    } else if ((rc = cli_positional(argv[i], &a->sweep, "tune"))) {
+      return rc;
+    }
+  }
+  if (!a->sweep) {
+    fprintf(stderr,
+            "moejit: tune needs a SWEEP (a YAML file or a name in configs/sweeps/; see "
+            "moejit tune --help)\n");
+    return CLI_EXIT_USAGE;
+  }
+  return 0;
+}
+
+/* ---- progress -------------------------------------------------------------- */
+
+typedef struct progress {
+  int tty;
+  moejit_tune_phase phase; /* of the bar on screen */
+  int bar_shown;
+  int last_decile;
+} progress;
+
+static void clear_bar(progress *p) {
+  if (p->tty && p->bar_shown) fprintf(stderr, "\r\033[K");
+  p->bar_shown = 0;
+}
+
+static void draw_bar(progress *p, const moejit_tune_progress *e, const char *what) {
+  char bar[31];
+  size_t fill = e->total ? e->done * 30 / e->total : 30;
+  for (size_t i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+  bar[30] = '\0';
+  double rate = e->elapsed_s > 0 ? (double)e->done / e->elapsed_s : 0;
+  fprintf(stderr, "\r\033[K%s [%s] %zu/%zu %5.1f/s %.40s", what, bar, e->done, e->total, rate,
+          e->item);
+  p->bar_shown = 1;
+}
+
+/* Plain lines: every tenth of a phase, and everything that went wrong. */
+static void plain_line(progress *p, const moejit_tune_progress *e, const char *what) {
+  int decile = e->total ? (int)(e->done * 10 / e->total) : 10;
+  if (decile != p->last_decile || e->done == e->total)
+    fprintf(stderr, "%s: %zu/%zu (%.0f s)\n", what, e->done, e->total, e->elapsed_s);
+  p->last_decile = decile;
+}
+
+static void on_progress(const moejit_tune_progress *e, void *user) {
+  progress *p = user;
+  const char *what = e->phase == MOEJIT_TUNE_PHASE_COMPILE ? "compile" : "time";
+  if (e->phase == MOEJIT_TUNE_PHASE_PLAN) return;
+  if (e->phase != p->phase) clear_bar(p), p->phase = e->phase, p->last_decile = -1;
+  int bad = !strcmp(e->status, "compile-failed") || !strcmp(e->status, "wrong") ||
+            !strcmp(e->status, "failed");
+  if (bad || e->phase == MOEJIT_TUNE_PHASE_GROUP) clear_bar(p);
+  if (bad)
+    fprintf(stderr, "  %s: %s%s%.200s\n", e->status, e->item, *e->message ? ": " : "", e->message);
+  if (e->phase == MOEJIT_TUNE_PHASE_GROUP) {
+    if (e->us > 0 && e->heuristic_us > 0)
+      fprintf(stderr, "  %s: best %.1f us, heuristic %.1f us (%.2fx)\n", e->item, e->us,
+              e->heuristic_us, e->heuristic_us / e->us);
+    else if (e->us > 0)
+      fprintf(stderr, "  %s: best %.1f us\n", e->item, e->us);
+    else
+      fprintf(stderr, "  %s: no candidate passed\n", e->item);
+    return;
+  }
+  if (p->tty)
+    draw_bar(p, e, what);
+  else
+    plain_line(p, e, what);
+}
+
+/* ---- summary ---------------------------------------------------------------- */
+
+static void print_plan(const moejit_tune_summary *s) {
+  printf("plan: %zu candidates spanned, %zu pruned before compiling", s->enumerated, s->pruned);
+  printf(s->n_prune_reasons ? ":\n" : "\n");
+  for (size_t i = 0; i < s->n_prune_reasons; i++)
+    printf("  %6zu  %s\n", s->prune_reasons[i].count, s->prune_reasons[i].reason);
+  printf(
+      "  %zu candidates left, %zu points (candidate x token count, heuristic baselines "
+      "included)\n",
+      s->candidates, s->points);
+}
+
+static void print_compile(const moejit_tune_summary *s) {
+  printf(
+      "compile: %zu kernels (%zu from cache, %zu compiled, %zu failed) in %.1f s with %d "
+      "jobs: %.2f kernels/s, %.2f compiled/s\n",
+      s->kernels, s->cache_hits, s->compiled, s->compile_failed, s->compile_s, s->jobs,
+      s->kernels_per_s, s->compiled_per_s);
+}
+
+static void cfg_str(const moejit_gemm_cfg *c, char *buf, size_t cap) {
+  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages, c->warps,
+           c->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "", c->cluster_m == 2 ? " c2" : "",
+           c->schedule == MOEJIT_SCHEDULE_PINGPONG ? " pingpong" : "");
+}
+
+static void print_speedups(const moejit_tune_summary *s) {
+  if (!s->n_winners) return;
+  printf("\ntuned vs heuristic (median us; heuristic = the shape's own tiles, path auto):\n");
+  printf("%-16s %-6s %7s %11s %11s %8s %9s  %s\n", "shape", "kernel", "T", "heuristic", "tuned",
+         "speedup", "TFLOP/s", "tuned config");
+  for (size_t i = 0; i < s->n_winners; i++) {
+    const moejit_tune_winner *w = &s->winners[i];
+    char cfg[64], speed[16] = "-", heur[16] = "-";
+    cfg_str(&w->cfg, cfg, sizeof cfg);
+    if (w->heuristic_us > 0) {
+      snprintf(speed, sizeof speed, "%.2fx", w->heuristic_us / w->us);
+      snprintf(heur, sizeof heur, "%.1f", w->heuristic_us);
+    }
+    printf("%-16s %-6s %7lld %11s %11.1f %8s %9.1f  %s %s\n", w->shape, w->kernel,
+           (long long)w->tokens, heur, w->us, speed, w->tflops, cfg,
+           moejit_gemm_path_name(w->path));
+  }
+}
+
+static void print_summary(const moejit_tune_summary *s, const tune_args *a, const char *no_gpu) {
+  printf("sweep %s%s%s (%s)\n", s->sweep, s->device[0] ? " on " : "", s->device, s->arch);
+  print_plan(s);
+  if (a->dry_run) return;
+  print_compile(s);
+  if (!s->timed && a->compile_only) {
+    printf("compile only (--compile-only): nothing was timed; the cache is warm.\n");
+    return;
+  }
+  if (!s->timed) {
+    printf(
+        "no GPU, so nothing was timed: %s\ntiming needs a GPU; the cache is now warm, so a "
+        "run there with the same cache compiles nothing.\n",
+        no_gpu ? no_gpu : "");
+    return;
+  }
+  printf(
+      "timing: %zu measured, %zu resumed, %zu wrong, %zu failed, %zu skipped (budget) in "
+      "%.1f s; whole run %.1f s\n",
+      s->measured, s->resumed, s->wrong, s->failed, s->skipped_budget, s->time_s, s->total_s);
+  if (s->stop_reason[0]) printf("stopped early: %s\n", s->stop_reason);
+  print_speedups(s);
+  printf("\nresults: %s/results.csv, results.json, chart.svg\n", s->results_dir);
+  if (s->table_path[0])
+    printf(
+        "tuned table: %s (%zu entries from this run); model loading reads it from "
+        "$MOEJIT_TUNED_DIR, or embedded after a rebuild\n",
+        s->table_path, s->table_entries);
+}
+
+static void json_reasons(const moejit_tune_summary *s) {
+  printf("\"prune_reasons\":[");
+  for (size_t i = 0; i < s->n_prune_reasons; i++) {
+    printf("%s{\"reason\":", i ? "," : "");
+    cli_json_str(stdout, s->prune_reasons[i].reason);
+    printf(",\"count\":%zu}", s->prune_reasons[i].count);
+  }
+  printf("],");
+}
+
+static void json_winners(const moejit_tune_summary *s) {
+  printf("\"winners\":[");
+  for (size_t i = 0; i < s->n_winners; i++) {
+    const moejit_tune_winner *w = &s->winners[i];
+    printf("%s{\"shape\":", i ? "," : "");
+    cli_json_str(stdout, w->shape);
+    printf(
+        ",\"kernel\":\"%s\",\"tokens\":%lld,\"path\":\"%s\",\"tile_m\":%d,\"tile_n\":%d,"
+        "\"tile_k\":%d,\"stages\":%d,\"warps\":%d,\"cluster_m\":%d,\"raster\":\"%s\","
+        "\"schedule\":\"%s\",\"us\":%.3f,\"heuristic_us\":%.3f,\"tflops\":%.2f}",
+        w->kernel, (long long)w->tokens, moejit_gemm_path_name(w->path), w->cfg.tile_m,
+        w->cfg.tile_n, w->cfg.tile_k, w->cfg.stages, w->cfg.warps, w->cfg.cluster_m,
+        w->cfg.raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m",
+        w->cfg.schedule == MOEJIT_SCHEDULE_PINGPONG ? "pingpong" : "cooperative", w->us,
+        w->heuristic_us, w->tflops);
+  }
+  printf("]");
+}
+
+static void print_json(const moejit_tune_summary *s, moejit_status st) {
+  printf("{\"sweep\":");
+  cli_json_str(stdout, s->sweep);
+  printf(",\"device\":");
+  cli_json_str(stdout, s->device);
+  printf(",\"arch\":");
+  cli_json_str(stdout, s->arch);
+  printf(",\"ok\":%s,\"timed\":%s,\"enumerated\":%zu,\"pruned\":%zu,", st ? "false" : "true",
+         s->timed ? "true" : "false", s->enumerated, s->pruned);
+  json_reasons(s);
+  printf(
+      "\"candidates\":%zu,\"points\":%zu,\"kernels\":%zu,\"cache_hits\":%zu,\"compiled\":%zu,"
+      "\"compile_failed\":%zu,\"compile_s\":%.3f,\"kernels_per_s\":%.3f,\"compiled_per_s\":%.3f,"
+      "\"jobs\":%d,\"measured\":%zu,\"resumed\":%zu,\"wrong\":%zu,\"failed\":%zu,"
+      "\"skipped_budget\":%zu,\"time_s\":%.3f,\"total_s\":%.3f,\"stop_reason\":",
+      s->candidates, s->points, s->kernels, s->cache_hits, s->compiled, s->compile_failed,
+      s->compile_s, s->kernels_per_s, s->compiled_per_s, s->jobs, s->measured, s->resumed, s->wrong,
+      s->failed, s->skipped_budget, s->time_s, s->total_s);
+  cli_json_str(stdout, s->stop_reason);
+  printf(",\"results_dir\":");
+  cli_json_str(stdout, s->results_dir);
+  printf(",\"table_path\":");
+  cli_json_str(stdout, s->table_path);
+  printf(",\"table_entries\":%zu,", s->table_entries);
+  json_winners(s);
+  printf("}\n");
+}
+
+/* ---- the command ------------------------------------------------------------- */
+
+/* A ctx when a GPU is usable; NULL with *why set when there is none (the
+ * run then compiles only). Other failures are reported (returns nonzero). */
+static int open_gpu(const tune_args *a, moejit_ctx **ctx, char *why, size_t cap) {
+  *ctx = NULL;
+  if (a->dry_run || a->compile_only) return 0;
+  moejit_ctx_opts o;
+  moejit_ctx_opts_init(&o);
+  o.compiler.jobs = a->jobs;
+  moejit_status st = moejit_ctx_create(ctx, &o);
+  if (st == MOEJIT_ERR_NO_DRIVER || st == MOEJIT_ERR_NO_DEVICE) {
+    snprintf(why, cap, "%s", moejit_last_error());
+    return 0;
+  }
+  return st ? cli_fail(st, "cannot open the GPU") : 0;
+}
+
+int cli_tune(int argc, char **argv) {
+  tune_args a = {0};
+  int rc = parse_args(argc, argv, &a);
+  if (rc == -1) return tune_usage(stdout), CLI_EXIT_OK;
+  if (rc) return rc;
+  char path[4096];
+  moejit_sweep *sweep = NULL;
+  moejit_status st = moejit_sweep_find(a.sweep, path, sizeof path);
+  if (!st) st = moejit_sweep_load_file(path, &sweep);
+  if (st) {
+    fprintf(stderr, "moejit: %s\n", moejit_last_error());
+    return st == MOEJIT_ERR_IO ? CLI_EXIT_FAILURE : CLI_EXIT_USAGE;
+  }
+  moejit_ctx *ctx = NULL;
+  char why[2048] = "";
+  if ((rc = open_gpu(&a, &ctx, why, sizeof why))) return moejit_sweep_destroy(sweep), rc;
+  if (!ctx && !a.dry_run && !a.compile_only)
+    fprintf(stderr,
+            "moejit: no GPU: %s\nmoejit: compiling the candidates only (cache warming); "
+            "timing needs a GPU\n",
+            why);
+  progress p = {.tty = isatty(2), .phase = MOEJIT_TUNE_PHASE_PLAN, .last_decile = -1};
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.out_table = a.out, o.results_dir = a.results, o.jobs = a.jobs, o.budget_seconds = a.budget;
+  o.warmup = a.warmup, o.iters = a.iters, o.arch = a.arch, o.dry_run = a.dry_run;
+  o.no_table = a.no_table, o.progress = on_progress, o.progress_user = &p;
+  moejit_tune_summary s;
+  st = moejit_tune_run(ctx, sweep, &o, &s);
+  clear_bar(&p);
+  if (a.json)
+    print_json(&s, st);
+  else
+    print_summary(&s, &a, ctx ? NULL : why);
+  if (st) rc = cli_fail(st, "tuning failed");
+  moejit_tune_summary_free(&s);
+  moejit_ctx_destroy(ctx);
+  moejit_sweep_destroy(sweep);
+  return rc;
+}

@@ -1,0 +1,387 @@
+/* The autotuner's backends: the GPU one (inputs tiled from a host pattern,
+ * rotated across sets so timings are not L2-warm, a check of sampled rows
+ * against the float64 reference, then warm-up and CUDA-event timing, the
+ * median of N) and the compile-only one (no GPU: cache warming). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "compile/compile.h"
+#include "config/config.h"
+#include "tune/tune.h"
+
+#define MJ_TUNE_CHUNK_ELEMS ((size_t)8 << 20) /* 16 MB pattern period */
+#define MJ_TUNE_MAX_SETS 8
+#define MJ_TUNE_MAX_ITERS 1000
+
+typedef struct io_set {
+  void *a, *out, *w; /* w: this set's copy, or NULL (the shared weights) */
+  void *offsets;
+} io_set;
+
+typedef struct gpu {
+  moejit_ctx *ctx;
+  moejit_stream stream;
+  char arch[MOEJIT_ARCH_MAX];
+  mj_tune_data *data;
+  int w_shape, w_which; /* whose weights `w` holds; -1: none */
+  void *w;
+  size_t w_bytes, w_offset;
+  io_set sets[MJ_TUNE_MAX_SETS];
+  int n_sets;
+  size_t a_offset; /* pattern offset of set 0's A */
+  int n_check;
+  int64_t check_rows[MJ_TUNE_MAX_CHECK_ROWS];
+  double *ref;
+  uint16_t *got;
+  int64_t k, n_out; /* of the open group */
+  moejit_event ev[MJ_TUNE_MAX_ITERS + 1];
+  int n_ev;
+} gpu;
+
+/* ---- inputs --------------------------------------------------------------------- */
+
+/* dst[i] = chunk[(offset + i) % C] for n elements: the first period from the
+ * host, the rest by device copies of it. */
+static moejit_status fill_pattern(gpu *g, void *dst, size_t n, size_t offset) {
+  const mj_tune_data *d = g->data;
+  size_t first = n < d->n ? n : d->n, head = d->n - offset < first ? d->n - offset : first;
+  moejit_status st = moejit_memcpy_htod(g->ctx, dst, d->chunk + offset, head * 2, g->stream);
+  if (!st && first > head)
+    st =
+        moejit_memcpy_htod(g->ctx, (char *)dst + head * 2, d->chunk, (first - head) * 2, g->stream);
+  for (size_t off = d->n; !st && off < n; off += d->n)
+    st = moejit_memcpy_dtod(g->ctx, (char *)dst + off * 2, dst,
+                            (n - off < d->n ? n - off : d->n) * 2, g->stream);
+  return st;
+}
+
+static void free_ptr(gpu *g, void **p) {
+  if (*p) moejit_mem_free(g->ctx, *p, g->stream);
+  *p = NULL;
+}
+
+static void free_sets(gpu *g) {
+  for (int i = 0; i < g->n_sets; i++) {
+    free_ptr(g, &g->sets[i].a), free_ptr(g, &g->sets[i].out);
+    free_ptr(g, &g->sets[i].w), free_ptr(g, &g->sets[i].offsets);
+  }
+  g->n_sets = 0;
+  free(g->ref), free(g->got);
+  g->ref = NULL, g->got = NULL;
+}
+
+static void free_weights(gpu *g) {
+  free_ptr(g, &g->w);
+  g->w_shape = g->w_which = -1;
+}
+
+/* The weights of the group's (shape, kernel), with the pattern they came
+ * from; kept across token counts. */
+static moejit_status load_weights(gpu *g, const mj_tune_group *grp) {
+  if (g->w && g->w_shape == grp->shape && g->w_which == grp->which) return MOEJIT_OK;
+  free_weights(g);
+  const moejit_spec *s = grp->base;
+  int64_t k = grp->which == 1 ? s->hidden : s->expert_width;
+  int64_t rows = grp->which == 1 ? 2 * s->expert_width : s->hidden;
+  uint64_t seed = mj_tune_mix(grp->sweep->seed, (uint64_t)(grp->shape * 2 + grp->which));
+  mj_tune_data_free(g->data);
+  moejit_status st = mj_tune_data_make(g->data, s->weight_dtype, k, MJ_TUNE_CHUNK_ELEMS, seed);
+  if (st) return st;
+  g->w_bytes = (size_t)s->experts * (size_t)rows * (size_t)k * 2;
+  g->w_offset = (size_t)(mj_tune_mix(seed, 1) % g->data->n);
+  if ((st = moejit_mem_alloc(g->ctx, g->w_bytes, g->stream, &g->w))) return st;
+  if ((st = fill_pattern(g, g->w, g->w_bytes / 2, g->w_offset))) return st;
+  g->w_shape = grp->shape, g->w_which = grp->which;
+  return MOEJIT_OK;
+}
+
+static moejit_status upload_routing(gpu *g, const mj_tune_group *grp, int set, void **dst) {
+  size_t bytes = ((size_t)grp->base->experts + 1) * sizeof(int32_t);
+  int32_t *off = malloc(bytes);
+  if (!off) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of host memory routing tokens");
+  if (set == 0)
+    memcpy(off, grp->offsets, bytes);
+  else
+    mj_tune_route(grp->base->experts, grp->base->top_k, grp->tokens,
+                  mj_tune_mix(grp->seed, (uint64_t)set), off);
+  moejit_status st = moejit_mem_alloc(g->ctx, bytes, g->stream, dst);
+  if (!st) st = moejit_memcpy_htod(g->ctx, *dst, off, bytes, g->stream);
+  free(off);
+  return st;
+}
+
+/* Enough sets that one pass over them touches rotate_bytes (L2 is 50 MB on
+ * an H100): other routings over shared weights when the weights are large,
+ * else a copy of the weights per set too. */
+static int set_count(const gpu *g, const mj_tune_group *grp, size_t a_bytes, size_t out_bytes) {
+  double w_active = (double)g->w_bytes * grp->active_experts / grp->base->experts;
+  double touched = w_active + (double)(a_bytes + out_bytes);
+  int n = (int)ceil(grp->rotate_bytes / touched);
+  return n < 1 ? 1 : n > MJ_TUNE_MAX_SETS ? MJ_TUNE_MAX_SETS : n;
+}
+
+static moejit_status make_set(gpu *g, const mj_tune_group *grp, int i, size_t a_bytes,
+                              size_t out_bytes) {
+  io_set *s = &g->sets[i];
+  size_t a_offset =
+      i == 0 ? g->a_offset : (size_t)(mj_tune_mix(grp->seed, 100 + (uint64_t)i) % g->data->n);
+  moejit_status st = moejit_mem_alloc(g->ctx, a_bytes, g->stream, &s->a);
+  if (!st) st = fill_pattern(g, s->a, a_bytes / 2, a_offset);
+  if (!st) st = moejit_mem_alloc(g->ctx, out_bytes, g->stream, &s->out);
+  if (!st) st = upload_routing(g, grp, i, &s->offsets);
+  if (!st && i > 0 && (double)g->w_bytes < grp->rotate_bytes &&
+      !(st = moejit_mem_alloc(g->ctx, g->w_bytes, g->stream, &s->w)))
+    st = moejit_memcpy_dtod(g->ctx, s->w, g->w, g->w_bytes, g->stream);
+  return st;
+}
+
+static moejit_status gpu_open(void *state, const mj_tune_group *grp) {
+  gpu *g = state;
+  const moejit_spec *s = grp->base;
+  moejit_status st = load_weights(g, grp);
+  if (st) return st;
+  g->k = grp->which == 1 ? s->hidden : s->expert_width;
+  g->n_out = grp->which == 1 ? s->expert_width : s->hidden;
+  size_t a_bytes = (size_t)(grp->rows * g->k) * 2, out_bytes = (size_t)(grp->rows * g->n_out) * 2;
+  g->a_offset = (size_t)(mj_tune_mix(grp->seed, 99) % g->data->n);
+  int n = set_count(g, grp, a_bytes, out_bytes);
+  for (int i = 0; i < n && !st; i++, g->n_sets++) st = make_set(g, grp, i, a_bytes, out_bytes);
+  g->n_check =
+      mj_tune_check_rows(grp->offsets, s->experts, grp->check_rows, grp->seed, g->check_rows);
+  g->ref = malloc((size_t)g->n_check * (size_t)g->n_out * sizeof *g->ref + 1);
+  g->got = malloc((size_t)g->n_check * (size_t)g->n_out * 2 + 1);
+  if (!st && (!g->ref || !g->got))
+    st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of host memory for the check");
+  if (!st) {
+    mj_tune_reference(g->data, s, grp->which, grp->offsets, g->check_rows, g->n_check, g->a_offset,
+                      g->w_offset, grp->jobs, g->ref);
+    st = moejit_stream_synchronize(g->ctx, g->stream);
+  }
+  if (st) free_sets(g);
+  return st;
+}
+
+static void gpu_close(void *state, const mj_tune_group *grp) {
+  gpu *g = state;
+  free_sets(g);
+  moejit_stream_synchronize(g->ctx, g->stream);
+}
+
+/* ---- one candidate --------------------------------------------------------------- */
+
+static moejit_status launch(gpu *g, const mj_tune_group *grp, const moejit_spec *spec,
+                            moejit_gemm_path path, int set) {
+  const io_set *s = &g->sets[set];
+  moejit_gemm_args a = {s->a, s->w ? s->w : g->w, s->out, s->offsets, NULL, grp->rows, path};
+  return grp->which == 1 ? moejit_gemm1_swiglu(g->ctx, spec, &a, g->stream)
+                         : moejit_gemm2(g->ctx, spec, &a, g->stream);
+}
+
+/* One launch on poisoned output (NaN bits), the sampled rows read back and
+ * compared with the reference. */
+static moejit_status check(gpu *g, const mj_tune_group *grp, const moejit_spec *spec,
+                           moejit_gemm_path path, double *rel_err) {
+  size_t row_bytes = (size_t)g->n_out * 2;
+  moejit_status st = moejit_memset_d32(g->ctx, g->sets[0].out, 0xffffffffu,
+                                       (size_t)grp->rows * row_bytes / 4, g->stream);
+  if (!st) st = launch(g, grp, spec, path, 0);
+  for (int i = 0; i < g->n_check && !st; i++)
+    st = moejit_memcpy_dtoh(g->ctx, g->got + (size_t)i * (size_t)g->n_out,
+                            (const char *)g->sets[0].out + (size_t)g->check_rows[i] * row_bytes,
+                            row_bytes, g->stream);
+  if (!st) st = moejit_stream_synchronize(g->ctx, g->stream);
+  if (!st)
+    *rel_err = mj_tune_rel_error(g->data, g->got, g->ref, (size_t)g->n_check * (size_t)g->n_out);
+  return st;
+}
+
+static moejit_status events(gpu *g, int n) {
+  for (; g->n_ev < n; g->n_ev++) {
+    moejit_status st = moejit_event_create(g->ctx, &g->ev[g->n_ev]);
+    if (st) return st;
+  }
+  return MOEJIT_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Warm-up launches, timed as a whole to size the run: at most
+ * max_point_ms of timed launches, never fewer than min_iters. */
+static moejit_status warm_up(gpu *g, const mj_tune_group *grp, const moejit_spec *spec,
+                             moejit_gemm_path path, int *iters) {
+  int warm = grp->warmup > 0 ? grp->warmup : 1;
+  float ms = 0;
+  moejit_status st = moejit_event_record(g->ctx, g->ev[0], g->stream);
+  for (int i = 0; i < warm && !st; i++) st = launch(g, grp, spec, path, (i + 1) % g->n_sets);
+  if (!st) st = moejit_event_record(g->ctx, g->ev[1], g->stream);
+  if (!st) st = moejit_event_synchronize(g->ctx, g->ev[1]);
+  if (!st) st = moejit_event_elapsed_ms(g->ctx, g->ev[0], g->ev[1], &ms);
+  double each = ms / warm;
+  *iters = grp->iters;
+  if (!st && each > 0 && grp->max_point_ms / each < grp->iters) {
+    int fit = (int)(grp->max_point_ms / each);
+    *iters = fit < grp->min_iters ? grp->min_iters : fit;
+  }
+  return st;
+}
+
+static moejit_status time_launches(gpu *g, const mj_tune_group *grp, const moejit_spec *spec,
+                                   moejit_gemm_path path, mj_tune_measurement *m) {
+  int iters;
+  moejit_status st = warm_up(g, grp, spec, path, &iters);
+  if (iters > MJ_TUNE_MAX_ITERS) iters = MJ_TUNE_MAX_ITERS;
+  if (!st) st = events(g, iters + 1);
+  if (!st) st = moejit_event_record(g->ctx, g->ev[0], g->stream);
+  for (int i = 0; i < iters && !st; i++) { /* back to back, an event between each */
+    st = launch(g, grp, spec, path, i % g->n_sets);
+    if (!st) st = moejit_event_record(g->ctx, g->ev[i + 1], g->stream);
+  }
+  if (!st) st = moejit_event_synchronize(g->ctx, g->ev[iters]);
+  double *ms = st ? NULL : malloc((size_t)iters * sizeof *ms);
+  if (!st && !ms) st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of host memory timing");
+  for (int i = 0; i < iters && !st; i++) {
+    float t;
+    st = moejit_event_elapsed_ms(g->ctx, g->ev[i], g->ev[i + 1], &t);
+    ms[i] = t;
+  }
+  if (!st) {
+    qsort(ms, (size_t)iters, sizeof *ms, cmp_double);
+    m->us = (iters % 2 ? ms[iters / 2] : (ms[iters / 2 - 1] + ms[iters / 2]) / 2) * 1e3;
+    m->iters = iters;
+  }
+  free(ms);
+  return st;
+}
+
+static moejit_status gpu_measure(void *state, const mj_tune_group *grp, const moejit_spec *spec,
+                                 moejit_gemm_path path, mj_tune_measurement *m) {
+  gpu *g = state;
+  memset(m, 0, sizeof *m);
+  moejit_status st = events(g, 2);
+  if (!st) st = check(g, grp, spec, path, &m->rel_err);
+  if (st || !(m->rel_err <= grp->tolerance)) return st; /* a wrong kernel is not timed */
+  return time_launches(g, grp, spec, path, m);
+}
+
+static int gpu_alive(void *state) {
+  gpu *g = state;
+  return moejit_stream_synchronize(g->ctx, g->stream) == MOEJIT_OK;
+}
+
+static moejit_status gpu_compile(void *state, const moejit_spec *spec, const char *family,
+                                 int *hit) {
+  gpu *g = state;
+  const void *cubin;
+  size_t len;
+  return mj_compiler_get_cubin(moejit_ctx_compiler(g->ctx), spec, family, g->arch, &cubin, &len,
+                               NULL, hit);
+}
+
+static void gpu_destroy(void *state) {
+  gpu *g = state;
+  if (!g) return;
+  free_sets(g);
+  free_weights(g);
+  for (int i = 0; i < g->n_ev; i++) moejit_event_destroy(g->ctx, g->ev[i]);
+  if (g->stream) {
+    moejit_stream_synchronize(g->ctx, g->stream);
+    moejit_stream_destroy(g->ctx, g->stream);
+  }
+  mj_tune_data_free(g->data);
+  free(g->data);
+  free(g);
+}
+
+static void versions(mj_tune_backend *be) {
+  int maj = 0, min = 0;
+  moejit_nvrtc_version(&maj, &min);
+  snprintf(be->nvrtc, sizeof be->nvrtc, "%d.%d", maj, min);
+  if (moejit_driver_version(&be->driver) != MOEJIT_OK) be->driver = 0, mj_clear_error();
+}
+
+moejit_status mj_tune_gpu_backend(moejit_ctx *ctx, mj_tune_backend *be) {
+  memset(be, 0, sizeof *be);
+  moejit_device_info info;
+  moejit_status st = moejit_ctx_device_info(ctx, &info);
+  if (st) return st;
+  gpu *g = calloc(1, sizeof *g);
+  if (g) g->data = calloc(1, sizeof *g->data);
+  if (!g || !g->data) {
+    free(g);
+    return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory creating the tuner");
+  }
+  g->ctx = ctx;
+  g->w_shape = g->w_which = -1;
+  mj_strlcpy(g->arch, info.arch, sizeof g->arch);
+  if ((st = moejit_stream_create(ctx, &g->stream))) {
+    gpu_destroy(g);
+    return st;
+  }
+  *be = (mj_tune_backend){.state = g,
+                          .can_time = 1,
+                          .compile = gpu_compile,
+                          .open_group = gpu_open,
+                          .measure = gpu_measure,
+                          .close_group = gpu_close,
+                          .alive = gpu_alive,
+                          .destroy = gpu_destroy};
+  mj_strlcpy(be->device, info.name, sizeof be->device);
+  mj_strlcpy(be->arch, info.arch, sizeof be->arch);
+  versions(be);
+  return MOEJIT_OK;
+}
+
+/* ---- compile only ------------------------------------------------------------------ */
+
+typedef struct compile_only {
+  moejit_compiler *compiler;
+  int owned;
+  char arch[MOEJIT_ARCH_MAX];
+} compile_only;
+
+static moejit_status co_compile(void *state, const moejit_spec *spec, const char *family,
+                                int *hit) {
+  compile_only *c = state;
+  const void *cubin;
+  size_t len;
+  return mj_compiler_get_cubin(c->compiler, spec, family, c->arch, &cubin, &len, NULL, hit);
+}
+
+static void co_destroy(void *state) {
+  compile_only *c = state;
+  if (c && c->owned) moejit_compiler_destroy(c->compiler);
+  free(c);
+}
+
+moejit_status mj_tune_compile_backend(moejit_compiler *compiler, const char *arch,
+                                      mj_tune_backend *be) {
+  memset(be, 0, sizeof *be);
+  int has_a;
+  if (!arch || !strcmp(arch, "auto") || strlen(arch) >= MOEJIT_ARCH_MAX ||
+      mj_arch_parse(arch, &has_a) <= 0)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "'%s' is not an arch to compile for; HINT: e.g. sm_90a or sm_80",
+                   arch ? arch : "(null)");
+  compile_only *c = calloc(1, sizeof *c);
+  if (!c) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory creating the tuner");
+  mj_strlcpy(c->arch, arch, sizeof c->arch);
+  c->compiler = compiler;
+  if (!compiler) {
+    moejit_status st = moejit_compiler_create(&c->compiler, NULL);
+    if (st) {
+      free(c);
+      return st;
+    }
+    c->owned = 1;
+  }
+  *be = (mj_tune_backend){.state = c, .compile = co_compile, .destroy = co_destroy};
+  mj_strlcpy(be->arch, arch, sizeof be->arch);
+  versions(be);
+  return MOEJIT_OK;
+}

@@ -1,0 +1,122 @@
+/* `moejit tune` as a user runs it, without a GPU (the driver is hidden with
+ * MOEJIT_LIBCUDA_PATH even where one exists): the smoke sweep compiles,
+ * says timing needs a GPU and exits 0, writing nothing; a second run is all
+ * cache hits; bad sweeps exit 2 naming file:line:col; --dry-run, --json and
+ * option errors. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_support.h"
+
+#define SMOKE MOEJIT_TEST_SOURCE_DIR "/configs/sweeps/smoke.yaml"
+
+static char *tmp;
+static char results[1024], table[1024];
+static const char *const no_gpu_env[] = {"MOEJIT_LIBCUDA_PATH=/nonexistent/libcuda.so.1", NULL};
+
+static void setup(void) {
+  tmp = ts_mkdtemp("cli-tune");
+  snprintf(results, sizeof results, "%s/results", tmp);
+  snprintf(table, sizeof table, "%s/table.yaml", tmp);
+}
+
+static void teardown(void) {
+  ts_rmtree(tmp);
+  free(tmp);
+}
+
+TestSuite(cli_tune, .init = setup, .fini = teardown, .timeout = 300);
+
+#define TUNE(out, err, ...) \
+  ts_run_cli((const char *const[]){"tune", __VA_ARGS__, NULL}, no_gpu_env, out, err)
+
+Test(cli_tune, no_gpu_compiles_and_exits_0) {
+  char *out = NULL, *err = NULL;
+  int rc = TUNE(&out, &err, SMOKE, "--results", results, "--out", table, "--jobs", "2");
+  cr_assert_eq(rc, 0, "exit %d\nstdout:\n%s\nstderr:\n%s", rc, out, err);
+  cr_assert(strstr(err, "no GPU"), "stderr: %s", err);
+  cr_assert(strstr(err, "timing needs a GPU"), "stderr: %s", err);
+  cr_assert(strstr(out, "sweep smoke (sm_90a)"), "stdout: %s", out);
+  cr_assert(strstr(out, "4 pruned before compiling"), "stdout: %s", out);
+  cr_assert(strstr(out, "duplicate launch plan"), "stdout: %s", out);
+  cr_assert(strstr(out, "compile: 11 kernels"), "stdout: %s", out);
+  cr_assert(strstr(out, "0 failed"), "stdout: %s", out);
+  cr_assert(strstr(out, "kernels/s"), "the compile rate: %s", out);
+  cr_assert(strstr(out, "nothing was timed"), "stdout: %s", out);
+  cr_assert_eq(ts_count_files(tmp, NULL), 0, "a compile-only run writes no results or table");
+  free(out), free(err);
+  /* again, by name, as JSON: every kernel comes from the cache */
+  rc = TUNE(&out, &err, "smoke", "--results", results, "--out", table, "--json");
+  cr_assert_eq(rc, 0, "stderr: %s", err);
+  cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  cr_assert(strstr(out, "\"timed\":false"), "%s", out);
+  cr_assert(strstr(out, "\"kernels\":11,\"cache_hits\":11,\"compiled\":0"), "%s", out);
+  free(out), free(err);
+}
+
+Test(cli_tune, dry_run_counts_without_compiling) {
+  char *out = NULL, *err = NULL;
+  int rc =
+      TUNE(&out, &err, MOEJIT_TEST_SOURCE_DIR "/configs/sweeps/h100-presets.yaml", "--dry-run");
+  cr_assert_eq(rc, 0, "stderr: %s", err);
+  cr_assert(strstr(out, "sweep h100-presets"), "%s", out);
+  cr_assert(strstr(out, "shared memory (over 227 KiB)"), "%s", out);
+  cr_assert(strstr(out, "registers (over 128 accumulators per thread)"), "%s", out);
+  cr_assert(strstr(out, "candidates left"), "%s", out);
+  cr_assert_null(strstr(out, "compile:"), "a dry run compiles nothing: %s", out);
+  cr_assert_null(strstr(err, "no GPU"), "a dry run does not look for one: %s", err);
+  free(out), free(err);
+  rc = TUNE(&out, &err, "h100-presets", "--dry-run", "--json");
+  cr_assert_eq(rc, 0);
+  cr_assert(ts_json_valid(out), "%s", out);
+  cr_assert(strstr(out, "\"prune_reasons\":[{\"reason\":"), "%s", out);
+  free(out), free(err);
+}
+
+Test(cli_tune, bad_sweep_exits_2_with_position) {
+  char *bad = ts_write_file(tmp, "bad.yaml",
+                            "name: bad\n"
+                            "tokens: [1, 8]\n"
+                            "shapes: [qwen3-30b-a3b]\n"
+                            "spaces:\n"
+                            "  - tile_m: [64, 48]\n"
+                            "    tile_n: 128\n"
+                            "    tile_k: 64\n"
+                            "    stages: 3\n");
+  char *out = NULL, *err = NULL;
+  cr_assert_eq(TUNE(&out, &err, bad), 2, "stderr: %s", err);
+  cr_assert(strstr(err, "bad.yaml:5:18: key 'spaces[0].tile_m': value 48 is not allowed"),
+            "stderr: %s", err);
+  free(out), free(err);
+  char *typo = ts_write_file(
+      tmp, "typo.yaml", "name: t\ntokens: [1]\nshapes: [qwen3-30b-a3b]\nspaces: []\nbudget: 5\n");
+  cr_assert_eq(TUNE(&out, &err, typo), 2);
+  cr_assert(strstr(err, "typo.yaml:5:1: unknown key 'budget'"), "stderr: %s", err);
+  free(out), free(err);
+  cr_assert_eq(TUNE(&out, &err, "no-such-sweep"), 2);
+  cr_assert(strstr(err, "sweep 'no-such-sweep' not found"), "stderr: %s", err);
+  free(out), free(err);
+  free(bad), free(typo);
+}
+
+Test(cli_tune, options) {
+  char *out = NULL, *err = NULL;
+  cr_assert_eq(TUNE(&out, NULL, "--help"), 0);
+  cr_assert(strstr(out, "usage: moejit tune SWEEP"), "%s", out);
+  cr_assert(strstr(out, "--budget-seconds"), "%s", out);
+  free(out);
+  cr_assert_eq(ts_run_cli((const char *const[]){"tune", NULL}, no_gpu_env, NULL, &err), 2);
+  cr_assert(strstr(err, "needs a SWEEP"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--budget-seconds", "-1"), 2);
+  cr_assert(strstr(err, "--budget-seconds"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--iters", "0"), 2);
+  cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--frob"), 2);
+  cr_assert_eq(TUNE(NULL, NULL, SMOKE, SMOKE), 2, "one SWEEP");
+  cr_assert_eq(ts_run_cli((const char *const[]){"--help", NULL}, NULL, &out, NULL), 0);
+  cr_assert(strstr(out, "tune SWEEP"), "the command list names tune: %s", out);
+  free(out);
+}

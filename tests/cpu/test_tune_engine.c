@@ -1,0 +1,533 @@
+/* The autotuner's engine with a fake compiler and timer (no GPU, no NVRTC):
+ * winner selection, wrong candidates kept from winning, resume, budget,
+ * compile and setup failures, a GPU that dies mid-run, and the outputs
+ * (results.csv read back, results.json parsed, chart.svg, the tuned table
+ * through its reader). Also the host data: routing, sampled rows and the
+ * float64 reference against a naive one. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "test_support.h"
+#include "tune/tune.h"
+#include "tune/tuned_table.h"
+
+/* The smoke sweep's shape and spaces, inline so the numbers below hold
+ * whatever configs/sweeps/smoke.yaml becomes. */
+static const char kSweep[] =
+    "name: fake\n"
+    "tokens: [4, 64, 512]\n"
+    "shapes:\n"
+    "  - {name: tiny, hidden: 512, expert_width: 256, experts: 8, top_k: 2}\n"
+    "spaces:\n"
+    "  - {paths: [mma], tile_m: [16, 64], tile_n: 128, tile_k: 64, stages: 3}\n"
+    "  - {paths: [wgmma], tile_m: [64, 128], tile_n: 128, tile_k: 64, stages: 4, warps: [8, 4]}\n";
+
+typedef struct fake {
+  const char *device;
+  int compiles, opens, measures;
+  double clock_ms, ms_per_measure;
+  int fail_compile_tile_m;  /* compile fails for this tile_m (0: none) */
+  int wrong_tile_m;         /* mma candidates of this tile_m compute garbage */
+  int64_t fail_open_tokens; /* open_group fails for this T */
+  int die_after;            /* the GPU dies at this measure (0: never) */
+  int dead;
+} fake;
+
+static moejit_status fake_compile(void *state, const moejit_spec *spec, const char *family,
+                                  int *hit) {
+  fake *f = state;
+  const moejit_gemm_cfg *g = !strcmp(family, "gemm1") ? &spec->gemm1 : &spec->gemm2;
+  __atomic_add_fetch(&f->compiles, 1, __ATOMIC_SEQ_CST);
+  *hit = 0;
+  if (g->tile_m == f->fail_compile_tile_m)
+    return mj_fail(MOEJIT_ERR_COMPILE, "gemm.cu(12): error: fake NVRTC failure\nmore log");
+  return MOEJIT_OK;
+}
+
+static moejit_status fake_open(void *state, const mj_tune_group *g) {
+  fake *f = state;
+  f->opens++;
+  cr_assert_eq(g->rows, g->tokens * 2);
+  cr_assert_eq(g->offsets[8], g->rows, "routing covers every row");
+  if (g->tokens == f->fail_open_tokens)
+    return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "fake: out of device memory");
+  return MOEJIT_OK;
+}
+
+/* Times with a known order: wgmma 64x128x64 s4 is the fastest correct
+ * candidate; mma 16x128 would beat it but (wrong_tile_m) is wrong; the
+ * heuristic (AUTO) takes 1000 us. */
+static double fake_us(const moejit_spec *spec, int which, moejit_gemm_path path, int64_t tokens) {
+  const moejit_gemm_cfg *c = which == 1 ? &spec->gemm1 : &spec->gemm2;
+  if (path == MOEJIT_GEMM_PATH_AUTO) return 1000;
+  return 100 + (double)tokens / 8 + c->tile_m * 0.5 + c->tile_n * 0.1 +
+         (path == MOEJIT_GEMM_PATH_MMA ? 20 : 0) + c->stages + which;
+}
+
+static moejit_status fake_measure(void *state, const mj_tune_group *g, const moejit_spec *spec,
+                                  moejit_gemm_path path, mj_tune_measurement *m) {
+  fake *f = state;
+  f->measures++;
+  f->clock_ms += f->ms_per_measure;
+  if (f->die_after && f->measures >= f->die_after) {
+    f->dead = 1;
+    return mj_fail(MOEJIT_ERR_CUDA, "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (fake)");
+  }
+  const moejit_gemm_cfg *c = g->which == 1 ? &spec->gemm1 : &spec->gemm2;
+  m->rel_err = path == MOEJIT_GEMM_PATH_MMA && c->tile_m == f->wrong_tile_m ? 0.5 : 1e-3;
+  m->us = m->rel_err <= g->tolerance ? fake_us(spec, g->which, path, g->tokens) : 0;
+  m->iters = g->iters;
+  return MOEJIT_OK;
+}
+
+static void fake_close(void *state, const mj_tune_group *g) {}
+static int fake_alive(void *state) {
+  return !((fake *)state)->dead;
+}
+static double fake_now(void *state) {
+  return ((fake *)state)->clock_ms;
+}
+
+static mj_tune_backend backend(fake *f) {
+  mj_tune_backend be = {.state = f,
+                        .can_time = 1,
+                        .compile = fake_compile,
+                        .open_group = fake_open,
+                        .measure = fake_measure,
+                        .close_group = fake_close,
+                        .alive = fake_alive,
+                        .now_ms = fake_now,
+                        .driver = 13000};
+  mj_strlcpy(be.device, f->device ? f->device : "Fake GPU 1", sizeof be.device);
+  mj_strlcpy(be.arch, "sm_90a", sizeof be.arch);
+  mj_strlcpy(be.nvrtc, "13.0", sizeof be.nvrtc);
+  return be;
+}
+
+static char *tmp;
+static moejit_sweep *sweep;
+static char results[1024], table[1024];
+
+static void setup(void) {
+  tmp = ts_mkdtemp("tune-engine");
+  snprintf(results, sizeof results, "%s/out", tmp);
+  snprintf(table, sizeof table, "%s/tuned/Fake.yaml", tmp);
+  cr_assert_eq(moejit_sweep_load_string(kSweep, strlen(kSweep), "fake.yaml", &sweep), MOEJIT_OK,
+               "%s", moejit_last_error());
+}
+
+static void teardown(void) {
+  moejit_sweep_destroy(sweep);
+  ts_rmtree(tmp);
+  free(tmp);
+}
+
+TestSuite(tune_engine, .init = setup, .fini = teardown, .timeout = 60);
+
+static moejit_status run(fake *f, double budget, moejit_tune_summary *s) {
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = table, o.budget_seconds = budget, o.jobs = 2;
+  mj_tune_backend be = backend(f);
+  return mj_tune_run_backend(sweep, &o, &be, s);
+}
+
+static char *slurp(const char *dir, const char *name) {
+  char path[2048];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  char *text = NULL;
+  size_t len = 0;
+  cr_assert_eq(mj_read_file(path, &text, &len), MOEJIT_OK, "%s: %s", path, moejit_last_error());
+  return text;
+}
+
+static size_t count_status(const mj_tune_rows *rows, mj_tune_status st) {
+  size_t n = 0;
+  for (size_t i = 0; i < rows->n; i++) n += rows->rows[i].status == st;
+  return n;
+}
+
+static void read_results(mj_tune_rows *rows) {
+  char path[2048];
+  snprintf(path, sizeof path, "%s/results.csv", results);
+  cr_assert_eq(mj_tune_read_csv(path, rows), MOEJIT_OK);
+}
+
+Test(tune_engine, winners_skip_wrong_candidates) {
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert(s.timed);
+  cr_assert_eq(s.enumerated, 14);
+  cr_assert_eq(s.pruned, 4);
+  /* 10 candidates + the shape tiles the heuristic runs, of which gemm2's
+   * (128x128x64 s4 w8) is also a wgmma candidate: one module serves both */
+  cr_assert_eq(s.kernels, 11);
+  cr_assert_eq(f.compiles, 11);
+  cr_assert_eq(s.wrong, 6, "mma 16x128 at 3 token counts x 2 kernels");
+  cr_assert_eq(s.measured + s.wrong, s.points, "every point measured once");
+  cr_assert_eq(f.measures, (int)s.points);
+  cr_assert_eq(f.opens, 6);
+  cr_assert_eq(s.n_winners, 6);
+  for (size_t i = 0; i < s.n_winners; i++) {
+    const moejit_tune_winner *w = &s.winners[i];
+    cr_assert_eq(w->path, MOEJIT_GEMM_PATH_WGMMA, "%s T=%lld", w->kernel, (long long)w->tokens);
+    cr_assert_eq(w->cfg.tile_m, 64);
+    cr_assert_eq(w->cfg.stages, 4, "s4 beats the s8 narrow tile");
+    cr_assert_eq(w->cfg.warps, 8);
+    cr_assert_float_eq(w->heuristic_us, 1000, 1e-9);
+    cr_assert_float_eq(w->us, 100 + w->tokens / 8.0 + 32 + 12.8 + 4 + (w->kernel[4] - '0'), 1e-6);
+    cr_assert_eq(w->candidates_ok, 4, "narrow, mma 64, wgmma 64 and 128");
+    cr_assert_gt(w->tflops, 0);
+  }
+  cr_assert_str_eq(s.table_path, table);
+  cr_assert_eq(s.table_entries, 6);
+  moejit_tune_summary_free(&s);
+}
+
+Test(tune_engine, outputs_parse_back) {
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tune_rows rows;
+  read_results(&rows);
+  /* per (kernel, T): the heuristic, then its kernel's 7 candidates (2 of
+   * them pruned): 6 groups x 8 rows */
+  cr_assert_eq(rows.n, 6 * 8);
+  cr_assert_eq(count_status(&rows, MJ_TS_PRUNED), 6 * 2);
+  cr_assert_eq(count_status(&rows, MJ_TS_WRONG), 6);
+  cr_assert_eq(count_status(&rows, MJ_TS_OK), s.measured);
+  for (size_t i = 0; i < rows.n; i++) {
+    const mj_tune_row *r = &rows.rows[i];
+    cr_assert_str_eq(r->device, "Fake GPU 1");
+    cr_assert_str_eq(r->shape, "tiny");
+    cr_assert_eq(r->hidden, 512);
+    if (r->status == MJ_TS_OK) {
+      cr_assert_gt(r->us, 0);
+      cr_assert_gt(r->gbs, 0);
+    }
+    if (r->status == MJ_TS_PRUNED)
+      cr_assert(strstr(r->reason, "same launch plan"), "%s", r->reason);
+    if (r->status == MJ_TS_WRONG) cr_assert_float_eq(r->rel_err, 0.5, 1e-9);
+  }
+  mj_tune_rows_free(&rows);
+  char *json = slurp(results, "results.json");
+  cr_assert(ts_json_valid(json), "results.json is not valid JSON");
+  cr_assert(strstr(json, "\"device\":\"Fake GPU 1\""));
+  cr_assert_eq(ts_count_substr(json, "\"status\":\"wrong\""), 6);
+  cr_assert_eq(ts_count_substr(json, "\"heuristic_us\":1000"), 6, "one per winner");
+  free(json);
+  char *svg = slurp(results, "chart.svg");
+  cr_assert(!strncmp(svg, "<?xml", 5));
+  cr_assert(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
+  cr_assert(strstr(svg, "</svg>\n"));
+  cr_assert_eq(ts_count_substr(svg, "<g>"), 2, "a panel per kernel");
+  cr_assert_eq(ts_count_substr(svg, "<g>"), ts_count_substr(svg, "</g>"));
+  cr_assert_eq(ts_count_substr(svg, "<polyline class=\"winner\""), 2);
+  cr_assert_eq(ts_count_substr(svg, "<polyline class=\"heuristic\""), 2);
+  cr_assert_eq(ts_count_substr(svg, "<polyline class=\"cand\""), 2 * 4,
+               "one line per correct config");
+  cr_assert_eq(ts_count_substr(svg, "<polyline"), ts_count_substr(svg, "</polyline>") + 2,
+               "winner lines are self-closed");
+  free(svg);
+  moejit_tune_summary_free(&s);
+}
+
+Test(tune_engine, table_reads_back_and_merges) {
+  /* an existing table for the same device with another shape's entry */
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, "Fake GPU 1", sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  mj_tuned_entry other = {.kernel = "gemm2",
+                          .dtype = MOEJIT_DTYPE_BF16,
+                          .hidden = 1024,
+                          .expert_width = 512,
+                          .experts = 16,
+                          .top_k = 4,
+                          .tokens = 8,
+                          .cfg = {.tile_m = 64,
+                                  .tile_n = 128,
+                                  .tile_k = 64,
+                                  .stages = 4,
+                                  .warps = 8,
+                                  .cluster_m = 1,
+                                  .cluster_n = 1},
+                          .path = MOEJIT_GEMM_PATH_MMA,
+                          .us = 12.5};
+  cr_assert_eq(mj_tuned_table_put(&t, &other), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(mj_tuned_table_write(&t, table), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tuned_table_free(&t);
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(mj_tuned_table_load_file(table, &t), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(t.n, 7, "6 winners merged beside the entry already there");
+  cr_assert_str_eq(t.nvrtc, "13.0");
+  cr_assert_eq(t.driver, 13000);
+  cr_assert_eq(strlen(t.date), 10, "an ISO date: %s", t.date);
+  const mj_sweep_shape *sh = &sweep->shapes[0];
+  mj_tuned_match m;
+  const mj_tuned_entry *e = mj_tuned_lookup(&t, "gemm1", &sh->spec, 64, &m);
+  cr_assert_not_null(e);
+  cr_assert_eq(m, MJ_TUNED_EXACT);
+  cr_assert_eq(e->path, MOEJIT_GEMM_PATH_WGMMA);
+  cr_assert_eq(e->cfg.tile_m, 64);
+  cr_assert_float_eq(e->heuristic_us, 1000, 1e-9);
+  e = mj_tuned_lookup(&t, "gemm2", &sh->spec, 100, &m);
+  cr_assert(e && m == MJ_TUNED_NEAREST && e->tokens == 64, "T=100 takes the nearest bucket (64)");
+  mj_tuned_table_free(&t);
+  moejit_tune_summary_free(&s);
+}
+
+Test(tune_engine, table_of_another_device_is_refused) {
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, "Some Other GPU", sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  mj_tuned_entry e = {.kernel = "gemm1",
+                      .dtype = MOEJIT_DTYPE_BF16,
+                      .hidden = 1024,
+                      .expert_width = 512,
+                      .experts = 16,
+                      .top_k = 4,
+                      .tokens = 8,
+                      .cfg = {.tile_m = 64,
+                              .tile_n = 128,
+                              .tile_k = 64,
+                              .stages = 4,
+                              .warps = 8,
+                              .cluster_m = 1,
+                              .cluster_n = 1},
+                      .path = MOEJIT_GEMM_PATH_MMA,
+                      .us = 1};
+  cr_assert_eq(mj_tuned_table_put(&t, &e), MOEJIT_OK);
+  cr_assert_eq(mj_tuned_table_write(&t, table), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tuned_table_free(&t);
+  fake f = {0};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "Some Other GPU"), "%s", moejit_last_error());
+  free(slurp(results, "results.csv")); /* the results are still there */
+  moejit_tune_summary_free(&s);
+}
+
+Test(tune_engine, resume_times_nothing_twice) {
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary first, again;
+  cr_assert_eq(run(&f, 0, &first), MOEJIT_OK);
+  fake f2 = {.wrong_tile_m = 16};
+  cr_assert_eq(run(&f2, 0, &again), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(f2.measures, 0, "nothing re-timed");
+  cr_assert_eq(f2.opens, 0, "no inputs set up");
+  cr_assert_eq(again.resumed, first.measured + first.wrong);
+  cr_assert_eq(again.n_winners, first.n_winners);
+  for (size_t i = 0; i < first.n_winners; i++) {
+    cr_assert_float_eq(again.winners[i].us, first.winners[i].us, 1e-3);
+    cr_assert_float_eq(again.winners[i].heuristic_us, 1000, 1e-3);
+  }
+  cr_assert_eq(f2.compiles, 0, "fully measured candidates need no kernel");
+  mj_tune_rows rows;
+  read_results(&rows);
+  cr_assert_eq(rows.n, 6 * 8, "no duplicate rows");
+  mj_tune_rows_free(&rows);
+  /* another GPU: everything is timed again; the first GPU's rows stay */
+  fake f3 = {.device = "Fake GPU 2", .wrong_tile_m = 16};
+  moejit_tune_summary other;
+  char other_table[2048];
+  snprintf(other_table, sizeof other_table, "%s/other.yaml", tmp);
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = other_table;
+  mj_tune_backend be = backend(&f3);
+  cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &other), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(other.resumed, 0);
+  cr_assert_eq((size_t)f3.measures, other.points);
+  read_results(&rows);
+  cr_assert_eq(rows.n, 2 * 6 * 8);
+  mj_tune_rows_free(&rows);
+  moejit_tune_summary_free(&first);
+  moejit_tune_summary_free(&again);
+  moejit_tune_summary_free(&other);
+}
+
+Test(tune_engine, budget_stops_timing_and_resume_finishes) {
+  fake f = {.ms_per_measure = 1000};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 5, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(f.measures, 5, "one measure per fake second until 5 s are spent");
+  cr_assert_eq(s.measured, 5);
+  cr_assert_eq(s.skipped_budget, s.points - 5);
+  cr_assert(strstr(s.stop_reason, "budget of 5 s"), "%s", s.stop_reason);
+  cr_assert_geq(s.n_winners, 0);
+  mj_tune_rows rows;
+  read_results(&rows);
+  cr_assert_eq(count_status(&rows, MJ_TS_SKIPPED_BUDGET), s.skipped_budget);
+  mj_tune_rows_free(&rows);
+  fake f2 = {0};
+  moejit_tune_summary rest;
+  cr_assert_eq(run(&f2, 0, &rest), MOEJIT_OK);
+  cr_assert_eq((size_t)f2.measures, s.skipped_budget, "only the skipped points are timed");
+  cr_assert_eq(rest.resumed, 5);
+  cr_assert_eq(rest.n_winners, 6);
+  moejit_tune_summary_free(&s);
+  moejit_tune_summary_free(&rest);
+}
+
+Test(tune_engine, compile_and_setup_failures_are_recorded) {
+  fake f = {.fail_compile_tile_m = 128, .fail_open_tokens = 512};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "failures are not fatal: %s", moejit_last_error());
+  /* 128-row tiles: wgmma 128x128 (gemm2's is also the heuristic's tile)
+   * and gemm1's shape tile 128x256 */
+  cr_assert_eq(s.compile_failed, 3);
+  mj_tune_rows rows;
+  read_results(&rows);
+  size_t compile_failed = count_status(&rows, MJ_TS_COMPILE_FAILED),
+         failed = count_status(&rows, MJ_TS_FAILED);
+  cr_assert_eq(compile_failed, 2 * 3 * 2, "wgmma 128x128 and the heuristic, 3 T, 2 kernels");
+  cr_assert_gt(failed, 0);
+  for (size_t i = 0; i < rows.n; i++) {
+    if (rows.rows[i].status == MJ_TS_COMPILE_FAILED)
+      cr_assert(
+          strstr(rows.rows[i].reason, "fake NVRTC failure") && !strchr(rows.rows[i].reason, '\n'),
+          "%s", rows.rows[i].reason);
+    if (rows.rows[i].status == MJ_TS_FAILED) {
+      cr_assert_eq(rows.rows[i].tokens, 512);
+      cr_assert(strstr(rows.rows[i].reason, "inputs could not be set up"), "%s",
+                rows.rows[i].reason);
+    }
+  }
+  mj_tune_rows_free(&rows);
+  cr_assert_eq(s.n_winners, 4, "T=512 has no winner");
+  for (size_t i = 0; i < s.n_winners; i++)
+    cr_assert_eq(s.winners[i].heuristic_us, 0, "heuristic did not compile");
+  moejit_tune_summary_free(&s);
+}
+
+Test(tune_engine, dead_gpu_stops_and_keeps_results) {
+  fake f = {.die_after = 3};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_ERR_CUDA);
+  cr_assert(strstr(moejit_last_error(), "ILLEGAL_ADDRESS"), "%s", moejit_last_error());
+  cr_assert_eq(f.measures, 3, "nothing launched after the failure");
+  cr_assert(strstr(s.stop_reason, "re-run to resume"), "%s", s.stop_reason);
+  mj_tune_rows rows;
+  read_results(&rows);
+  cr_assert_eq(count_status(&rows, MJ_TS_OK), 2);
+  cr_assert_eq(count_status(&rows, MJ_TS_FAILED), 1);
+  cr_assert_eq(count_status(&rows, MJ_TS_NOT_TIMED), s.points - 3);
+  mj_tune_rows_free(&rows);
+  moejit_tune_summary_free(&s);
+}
+
+Test(tune_engine, dry_run_and_compile_only_write_nothing) {
+  fake f = {0};
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = table, o.dry_run = 1;
+  mj_tune_backend be = backend(&f);
+  moejit_tune_summary s;
+  cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &s), MOEJIT_OK);
+  cr_assert_eq(f.compiles, 0);
+  cr_assert_eq(s.enumerated, 14);
+  cr_assert_eq(s.points, 6 * 6, "per group the heuristic and 5 candidates");
+  o.dry_run = 0;
+  be.can_time = 0; /* compile only */
+  cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &s), MOEJIT_OK);
+  cr_assert_eq(f.compiles, 11);
+  cr_assert_eq(f.measures, 0);
+  cr_assert_eq(s.timed, 0);
+  cr_assert_eq(ts_count_files(tmp, NULL), 0, "nothing written");
+  moejit_tune_summary_free(&s);
+}
+
+/* ---- host data ------------------------------------------------------------------ */
+
+Test(tune_data, routing_and_sampled_rows) {
+  int32_t off[65];
+  for (int64_t tokens = 1; tokens <= 4096; tokens *= 8) {
+    int active = mj_tune_route(64, 8, tokens, 7, off);
+    cr_assert_eq(off[0], 0);
+    cr_assert_eq(off[64], tokens * 8);
+    int nonempty = 0;
+    for (int e = 0; e < 64; e++) {
+      cr_assert_geq(off[e + 1], off[e]);
+      nonempty += off[e + 1] > off[e];
+      cr_assert_leq(off[e + 1] - off[e], tokens, "an expert appears once per token at most");
+    }
+    cr_assert_eq(active, nonempty);
+    if (tokens == 1) cr_assert_eq(active, 8, "k distinct experts");
+    int64_t rows[8];
+    int n = mj_tune_check_rows(off, 64, 8, 3, rows);
+    cr_assert_eq(n, 8);
+    for (int i = 0; i < n; i++) {
+      cr_assert(rows[i] >= 0 && rows[i] < tokens * 8);
+      for (int j = 0; j < i; j++) cr_assert_neq(rows[i], rows[j]);
+    }
+  }
+  int32_t same[65];
+  mj_tune_route(64, 8, 100, 7, off);
+  mj_tune_route(64, 8, 100, 7, same);
+  cr_assert(!memcmp(off, same, sizeof off), "seeded: the same routing");
+}
+
+static double naive(const mj_tune_data *d, const moejit_spec *s, int which, int expert, int64_t row,
+                    int64_t col, size_t a_off, size_t w_off) {
+  int64_t k = which == 1 ? s->hidden : s->expert_width,
+          wr = which == 1 ? 2 * s->expert_width : s->hidden;
+  double g = 0, u = 0;
+  for (int64_t i = 0; i < k; i++) {
+    double a = d->lut[d->chunk[(a_off + (size_t)(row * k + i)) % d->n]];
+    g += a * d->lut[d->chunk[(w_off + (size_t)((expert * wr + col) * k + i)) % d->n]];
+    if (which == 1)
+      u += a * d->lut[d->chunk[(w_off + (size_t)((expert * wr + s->expert_width + col) * k + i)) %
+                               d->n]];
+  }
+  return which == 1 ? g / (1 + exp(-g)) * u : g;
+}
+
+Test(tune_data, reference_matches_a_naive_one) {
+  moejit_spec s;
+  moejit_spec_init(&s);
+  s.hidden = 96, s.expert_width = 40, s.experts = 4, s.top_k = 2;
+  static mj_tune_data d; /* its lookup table is 512 KiB */
+  for (int dt = 0; dt < 2; dt++) {
+    cr_assert_eq(mj_tune_data_make(&d, dt ? MOEJIT_DTYPE_FP16 : MOEJIT_DTYPE_BF16, 96, 1000, 5),
+                 MOEJIT_OK);
+    for (size_t i = 0; i < d.n; i++) {
+      double v = fabs(d.lut[d.chunk[i]]);
+      cr_assert(v >= ldexp(1, -d.scale_exp) && v < ldexp(2, -d.scale_exp), "values +-[1,2)*2^-e");
+    }
+    int32_t off[5];
+    mj_tune_route(4, 2, 20, 9, off);
+    int64_t rows[6];
+    int n = mj_tune_check_rows(off, 4, 6, 1, rows);
+    for (int which = 1; which <= 2; which++) {
+      int64_t cols = which == 1 ? s.expert_width : s.hidden;
+      double ref[6 * 96];
+      mj_tune_reference(&d, &s, which, off, rows, n, 123, 777, 2, ref);
+      for (int r = 0; r < n; r++) {
+        int e = 0;
+        while (off[e + 1] <= rows[r]) e++;
+        for (int64_t c = 0; c < cols; c++)
+          cr_assert_float_eq(ref[r * cols + c], naive(&d, &s, which, e, rows[r], c, 123, 777),
+                             1e-12);
+      }
+      /* the error measure: exact bits give 0, a NaN gives infinity */
+      uint16_t got[96];
+      double want[96];
+      for (int i = 0; i < 96; i++) got[i] = d.chunk[i], want[i] = d.lut[d.chunk[i]];
+      cr_assert_float_eq(mj_tune_rel_error(&d, got, want, 96), 0, 1e-15);
+      want[3] *= 1.5;
+      cr_assert_gt(mj_tune_rel_error(&d, got, want, 96), 1e-3);
+      got[5] = 0xffff;
+      cr_assert(isinf(mj_tune_rel_error(&d, got, want, 96)));
+    }
+    mj_tune_data_free(&d);
+  }
+}

@@ -1,0 +1,429 @@
+/* Sweep YAML loading (shapes, spaces, ranges, defaults, errors with
+ * file:line:col) and the candidate plan: pruning counts per reason,
+ * launch-plan dedupe with token masks merged, the tiles AUTO resolves to.
+ * No compiling: everything here is host logic. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_support.h"
+#include "ops/gemm.h"
+#include "tune/tune.h"
+
+#define SWEEPS MOEJIT_TEST_SOURCE_DIR "/configs/sweeps/"
+
+static moejit_sweep *load(const char *text) {
+  moejit_sweep *sw = NULL;
+  moejit_status st = moejit_sweep_load_string(text, strlen(text), "t.yaml", &sw);
+  cr_assert_eq(st, MOEJIT_OK, "load failed: %s", moejit_last_error());
+  return sw;
+}
+
+/* Loading fails with CONFIG and a message holding every needle. */
+static void load_fails(const char *text, const char *needle1, const char *needle2) {
+  moejit_sweep *sw = (moejit_sweep *)0x1;
+  moejit_status st = moejit_sweep_load_string(text, strlen(text), "t.yaml", &sw);
+  cr_assert_neq(st, MOEJIT_OK, "loaded but should not:\n%s", text);
+  cr_assert_null(sw);
+  const char *msg = moejit_last_error();
+  cr_assert(strstr(msg, needle1), "message '%s' lacks '%s'", msg, needle1);
+  if (needle2) cr_assert(strstr(msg, needle2), "message '%s' lacks '%s'", msg, needle2);
+}
+
+static size_t reason_count(const mj_tune_plan *p, const char *reason) {
+  for (size_t i = 0; i < p->n_reasons; i++)
+    if (strstr(p->reasons[i].reason, reason)) return p->reasons[i].count;
+  return 0;
+}
+
+static size_t kept(const mj_tune_plan *p) {
+  size_t n = 0;
+  for (size_t i = 0; i < p->n; i++) n += !p->cands[i].pruned;
+  return n;
+}
+
+Test(tune_sweep, shipped_sweeps_load) {
+  moejit_sweep *sw = NULL;
+  cr_assert_eq(moejit_sweep_load_file(SWEEPS "smoke.yaml", &sw), MOEJIT_OK, "%s",
+               moejit_last_error());
+  cr_assert_str_eq(moejit_sweep_name(sw), "smoke");
+  cr_assert_eq(sw->n_shapes, 1);
+  cr_assert_eq(sw->shapes[0].spec.hidden, 512);
+  cr_assert_eq(sw->shapes[0].spec.top_k, 2);
+  cr_assert_eq(sw->n_spaces, 2);
+  moejit_sweep_destroy(sw);
+  cr_assert_eq(moejit_sweep_load_file(SWEEPS "h100-presets.yaml", &sw), MOEJIT_OK, "%s",
+               moejit_last_error());
+  cr_assert_eq(sw->n_shapes, 4);
+  cr_assert_eq(sw->n_tokens, 5);
+  cr_assert_eq(sw->tokens[4], 16384);
+  const char *want[] = {"qwen3-30b-a3b", "olmoe-1b-7b", "mixtral-8x7b", "deepseek-v3"};
+  for (int i = 0; i < 4; i++) {
+    cr_assert_str_eq(sw->shapes[i].name, want[i]);
+    cr_assert_str_eq(sw->shapes[i].preset, want[i]);
+  }
+  cr_assert_eq(sw->shapes[3].spec.hidden, 7168);
+  cr_assert_eq(sw->max_point_ms, 100);
+  moejit_sweep_destroy(sw);
+}
+
+Test(tune_sweep, ranges_lists_and_defaults) {
+  moejit_sweep *sw = load(
+      "name: r\n"
+      "tokens: {from: 1, to: 4096, times: 4}\n"
+      "shapes: [olmoe-1b-7b]\n"
+      "spaces:\n"
+      "  - tile_m: {from: 32, to: 128, times: 2}\n"
+      "    tile_n: [256, 64, 64]\n"
+      "    tile_k: 64\n"
+      "    stages: {from: 2, to: 5}\n");
+  int64_t tokens[] = {1, 4, 16, 64, 256, 1024, 4096};
+  cr_assert_eq(sw->n_tokens, 7);
+  for (int i = 0; i < 7; i++) cr_assert_eq(sw->tokens[i], tokens[i]);
+  const mj_sweep_space *sp = &sw->spaces[0];
+  cr_assert_eq(sp->n_values[MJ_P_TILE_M], 3, "32, 64, 128");
+  cr_assert_eq(sp->values[MJ_P_TILE_M][2], 128);
+  cr_assert_eq(sp->n_values[MJ_P_TILE_N], 2, "a value listed twice counts once");
+  cr_assert_eq(sp->values[MJ_P_TILE_N][0], 256, "in the order written");
+  cr_assert_eq(sp->n_values[MJ_P_STAGES], 4);
+  cr_assert_eq(sp->n_values[MJ_P_WARPS], 1, "warps default to 8");
+  cr_assert_eq(sp->values[MJ_P_WARPS][0], 8);
+  moejit_sweep_destroy(sw);
+}
+
+Test(tune_sweep, range_values_are_checked) {
+  load_fails(
+      "name: r\ntokens: [1]\nshapes: [olmoe-1b-7b]\n"
+      "spaces:\n  - {tile_m: {from: 32, to: 128, step: 32}, tile_n: 64, tile_k: 64, stages: 2}\n",
+      "t.yaml:5:", "value 96 is not allowed");
+  moejit_sweep *sw = load(
+      "name: r\ntokens: [1]\nshapes: [olmoe-1b-7b]\n"
+      "spaces:\n  - {tile_m: {from: 16, to: 256, times: 2}, tile_n: 64, tile_k: 64,"
+      " stages: {from: 2, to: 8, step: 3}, warps: [4, 8], raster: [along_m, along_n]}\n");
+  const mj_sweep_space *sp = &sw->spaces[0];
+  int tm[] = {16, 32, 64, 128, 256}, st[] = {2, 5, 8};
+  cr_assert_eq(sp->n_values[MJ_P_TILE_M], 5);
+  for (int i = 0; i < 5; i++) cr_assert_eq(sp->values[MJ_P_TILE_M][i], tm[i]);
+  cr_assert_eq(sp->n_values[MJ_P_STAGES], 3);
+  for (int i = 0; i < 3; i++) cr_assert_eq(sp->values[MJ_P_STAGES][i], st[i]);
+  cr_assert_eq(sp->n_values[MJ_P_WARPS], 2);
+  cr_assert_eq(sp->n_values[MJ_P_RASTER], 2);
+  cr_assert_eq(sp->kernels, MJ_KERNEL_BIT(1) | MJ_KERNEL_BIT(2), "both kernels by default");
+  cr_assert_eq(sp->paths, MJ_PATH_BIT(MOEJIT_GEMM_PATH_MMA) | MJ_PATH_BIT(MOEJIT_GEMM_PATH_WGMMA));
+  cr_assert_eq(sw->warmup, 3);
+  cr_assert_eq(sw->iters, 20);
+  cr_assert_str_eq(sw->arch, "sm_90a");
+  cr_assert_eq(sw->divisible, 1);
+  cr_assert_float_eq(sw->tolerance, 2e-2, 1e-12);
+  moejit_sweep_destroy(sw);
+}
+
+Test(tune_sweep, raw_shapes_and_overrides) {
+  moejit_sweep *sw = load(
+      "name: raw\n"
+      "arch: sm_80\n"
+      "tokens: [1, 8]\n"
+      "kernels: gemm2\n"
+      "paths: [mma]\n"
+      "shapes:\n"
+      "  - {name: small, hidden: 256, expert_width: 128, experts: 4, top_k: 2, dtype: fp16, "
+      "tokens: [3]}\n"
+      "  - {preset: qwen3-30b-a3b, dtype: fp16}\n"
+      "spaces:\n"
+      "  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2}\n"
+      "timing: {warmup: 1, iters: 7, min_iters: 9, max_point_ms: 50, rotate_mb: 10}\n"
+      "check: {rows: 3, tolerance: 0.05}\n"
+      "seed: 42\n"
+      "constraints: {divisible: no}\n");
+  cr_assert_str_eq(sw->arch, "sm_80");
+  cr_assert_eq(sw->shapes[0].spec.act_dtype, MOEJIT_DTYPE_FP16);
+  cr_assert_eq(sw->shapes[0].spec.weight_dtype, MOEJIT_DTYPE_FP16);
+  cr_assert_eq(sw->shapes[0].n_tokens, 1);
+  cr_assert_eq(sw->shapes[0].tokens[0], 3);
+  cr_assert_eq(sw->shapes[1].n_tokens, 2, "a shape without tokens takes the sweep's");
+  cr_assert_str_eq(sw->shapes[1].name, "qwen3-30b-a3b");
+  cr_assert_eq(sw->shapes[1].spec.act_dtype, MOEJIT_DTYPE_FP16);
+  cr_assert_str_eq(sw->shapes[1].spec.archs[0], "sm_80");
+  cr_assert_eq(sw->spaces[0].kernels, MJ_KERNEL_BIT(2));
+  cr_assert_eq(sw->spaces[0].paths, MJ_PATH_BIT(MOEJIT_GEMM_PATH_MMA));
+  cr_assert_eq(sw->iters, 7);
+  cr_assert_eq(sw->min_iters, 7, "min_iters is capped at iters");
+  cr_assert_float_eq(sw->rotate_bytes, 10e6, 1);
+  cr_assert_eq(sw->check_rows, 3);
+  cr_assert_eq(sw->seed, 42);
+  cr_assert_eq(sw->divisible, 0);
+  moejit_sweep_destroy(sw);
+}
+
+#define HEAD "name: e\ntokens: [1, 64]\nshapes: [olmoe-1b-7b]\n"
+#define SPACE "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2}\n"
+
+Test(tune_sweep, errors_name_line_col_and_key) {
+  load_fails("", "t.yaml:1:1", "empty");
+  load_fails("name: e\n", "missing key 'tokens'", NULL);
+  load_fails(HEAD SPACE "colour: red\n", "t.yaml:6:1: ", "unknown key 'colour'");
+  load_fails(HEAD SPACE "timing: {iters: 0}\n", "t.yaml:6:17: key 'timing.iters'", "out of range");
+  load_fails(HEAD SPACE "timing: {iters: 1.5}\n", "timing.iters", "not a decimal integer");
+  load_fails(HEAD "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64}\n",
+             "t.yaml:5:5: key 'spaces[0]'", "missing key 'stages'");
+  load_fails(HEAD "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 48, stages: 2}\n",
+             "t.yaml:5:38: key 'spaces[0].tile_k'", "allowed 32, 64, 128");
+  load_fails(HEAD "spaces:\n  - {tile_m: [], tile_n: 64, tile_k: 64, stages: 2}\n",
+             "spaces[0].tile_m", "no values");
+  load_fails(HEAD "spaces:\n  - {tile_m: {from: 128, to: 64}, tile_n: 64, tile_k: 64, stages: 2}\n",
+             "spaces[0].tile_m", "below 'from'");
+  load_fails(HEAD
+             "spaces:\n  - {tile_m: {from: 64, to: 128, step: 64, times: 2}, tile_n: 64, tile_k: "
+             "64, stages: 2}\n",
+             "spaces[0].tile_m", "not both");
+  load_fails(HEAD "spaces:\n  - {paths: [auto], tile_m: 64, tile_n: 64, tile_k: 64, stages: 2}\n",
+             "spaces[0].paths", "allowed mma, wgmma");
+  load_fails(HEAD "spaces:\n  - {tokens: [2], tile_m: 64, tile_n: 64, tile_k: 64, stages: 2}\n",
+             "spaces[0].tokens", "not in the sweep's tokens");
+  load_fails(HEAD
+             "spaces:\n  - {raster: sideways, tile_m: 64, tile_n: 64, tile_k: 64, stages: 2}\n",
+             "spaces[0].raster", "along_m, along_n");
+  load_fails(HEAD "spaces: []\n", "t.yaml:4:9: key 'spaces'", "non-empty list");
+  load_fails("name: e\ntokens: [1]\nshapes: [mixtral-9x9b]\n" SPACE, "t.yaml:3:10: key 'shapes[0]'",
+             "unknown preset 'mixtral-9x9b'");
+  load_fails(
+      "name: e\ntokens: [1]\nshapes:\n  - {name: s, hidden: 64, expert_width: 64, experts: 4, "
+      "top_k: 8}\n" SPACE,
+      "t.yaml:4:5: key 'shapes[0]'", "top_k");
+  load_fails(
+      "name: e\ntokens: [1]\nshapes:\n  - {hidden: 64, expert_width: 64, experts: 4, top_k: "
+      "2}\n" SPACE,
+      "shapes[0]", "needs 'name'");
+  load_fails(
+      "name: e\ntokens: [1]\nshapes:\n  - {name: s, hidden: 64, expert_width: 64, experts: 4, "
+      "top_k: 2, dtype: fp32}\n" SPACE,
+      "shapes[0].dtype", "allowed bf16, fp16");
+  load_fails("name: e\ntokens: [1]\nshapes: [olmoe-1b-7b, olmoe-1b-7b]\n" SPACE, "used twice",
+             NULL);
+  load_fails("name: e\ntokens: [1]\nshapes:\n  - {preset: olmoe-1b-7b, hidden: 64}\n" SPACE,
+             "'hidden' cannot be given with 'preset'", NULL);
+  load_fails("name: e\ntokens: [0]\nshapes: [olmoe-1b-7b]\n" SPACE, "t.yaml:2:10: key 'tokens'",
+             "not allowed (allowed 1..");
+  load_fails("name: e\ntokens: [1]\ntokens: [2]\nshapes: [olmoe-1b-7b]\n" SPACE, "given twice",
+             NULL);
+  load_fails("name: e f\ntokens: [1]\nshapes: [olmoe-1b-7b]\n" SPACE, "key 'name'", "not a name");
+  load_fails("name: e\narch: auto\ntokens: [1]\nshapes: [olmoe-1b-7b]\n" SPACE, "key 'arch'",
+             "not auto");
+  load_fails("name: e\ntokens: [1\n", "t.yaml:", "malformed YAML");
+}
+
+Test(tune_sweep, file_errors_and_find) {
+  moejit_sweep *sw = NULL;
+  cr_assert_eq(moejit_sweep_load_file("/nonexistent/s.yaml", &sw), MOEJIT_ERR_IO);
+  char *dir = ts_mkdtemp("sweepfind");
+  char *p = ts_write_file(dir, "mine.yaml", HEAD SPACE);
+  char buf[4096];
+  cr_assert_eq(moejit_sweep_find(p, buf, sizeof buf), MOEJIT_OK);
+  cr_assert_str_eq(buf, p);
+  setenv("MOEJIT_SWEEP_DIR", dir, 1);
+  cr_assert_eq(moejit_sweep_find("mine", buf, sizeof buf), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_str_eq(buf, p);
+  cr_assert_eq(moejit_sweep_find("smoke", buf, sizeof buf), MOEJIT_OK, "the source tree's sweeps");
+  cr_assert(strstr(buf, "configs/sweeps/smoke"), "%s", buf);
+  cr_assert_eq(moejit_sweep_find("no-such-sweep", buf, sizeof buf), MOEJIT_ERR_NOT_FOUND);
+  cr_assert(strstr(moejit_last_error(), dir), "%s", moejit_last_error());
+  cr_assert_eq(moejit_sweep_find("x/no-such.yaml", buf, sizeof buf), MOEJIT_ERR_NOT_FOUND);
+  free(p);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(tune_sweep, pruning_counts_per_reason) {
+  moejit_sweep *sw = load(
+      "name: p\n"
+      "tokens: [256]\n"
+      "shapes: [olmoe-1b-7b]\n"
+      "kernels: [gemm1]\n"
+      "spaces:\n"
+      /* mma: 64x256x128 s4 = 327680 B smem; 12 warps refused by mma */
+      "  - paths: [mma]\n"
+      "    tile_m: 64\n    tile_n: 256\n    tile_k: [64, 128]\n    stages: 4\n"
+      "    warps: [8, 12]\n"
+      /* wgmma: 256x256 w8 = 256 accumulators; 64x128 with warps 4/8 = one plan */
+      "  - paths: [wgmma]\n"
+      "    tile_m: [64, 256]\n    tile_n: [128, 256]\n    tile_k: 64\n    stages: 3\n"
+      "    warps: [4, 8]\n");
+  mj_tune_plan p;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK);
+  /* mma: 64x256x64 s4 w8 ok, w12 mma-refused; 64x256x128 s4 w8/w12: smem.
+   * wgmma: 64x128 w4 ok, w8 dup; 64x256 w4 (128 acc) ok, w8 dup;
+   * 256x128 w4: 256 acc (registers), w8 ok; 256x256 w4/w8: registers. */
+  cr_assert_eq(reason_count(&p, "shared memory"), 2);
+  cr_assert_eq(reason_count(&p, "4 or 8 warps"), 1);
+  cr_assert_eq(reason_count(&p, "registers"), 3);
+  cr_assert_eq(reason_count(&p, "duplicate launch plan"), 2);
+  size_t sum = 0;
+  for (size_t i = 0; i < p.n_reasons; i++) sum += p.reasons[i].count;
+  cr_assert_eq(sum, p.pruned, "reasons add up to the pruned count");
+  cr_assert_eq(p.enumerated, p.n, "every enumerated candidate is listed");
+  /* heuristic at T=256 on sm_90a (2048 rows): wgmma on the preset's
+   * 128x256 tile: a candidate of its own */
+  size_t heur = 0;
+  for (size_t i = 0; i < p.n; i++) heur += p.cands[i].heuristic;
+  cr_assert_eq(heur, 1);
+  cr_assert_eq(kept(&p), 1 + 1 + 2 + 1,
+               "heuristic + mma 64x256x64 + two 64-row wgmma + 256x128 w8");
+  mj_tune_plan_free(&p);
+  /* the same sweep for sm_80: every wgmma candidate pruned with that reason */
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_80", &p), MOEJIT_OK);
+  cr_assert_eq(reason_count(&p, "wgmma needs sm_90a"), 8);
+  for (size_t i = 0; i < p.n; i++)
+    if (!p.cands[i].pruned) cr_assert_eq(p.cands[i].path, MOEJIT_GEMM_PATH_MMA);
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+}
+
+Test(tune_sweep, divisibility_constraint) {
+  const char *text =
+      "name: d\ntokens: [64]\nkernels: [gemm1]\npaths: [mma]\n"
+      "shapes:\n  - {name: odd, hidden: 96, expert_width: 96, experts: 4, top_k: 2}\n"
+      "spaces:\n  - {tile_m: 64, tile_n: [64, 256], tile_k: [32, 64], stages: 2}\n";
+  moejit_sweep *sw = load(text);
+  mj_tune_plan p;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_80", &p), MOEJIT_OK);
+  /* f = 96 columns: tile_n 64 (32 h columns) divides, 256 (128) does not;
+   * K = 96: tile_k 32 divides, 64 does not */
+  cr_assert_eq(reason_count(&p, "divisibility (output columns)"), 2);
+  cr_assert_eq(reason_count(&p, "divisibility (K)"), 1);
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+  char relaxed[1024];
+  snprintf(relaxed, sizeof relaxed, "%sconstraints: {divisible: false}\n", text);
+  sw = load(relaxed);
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_80", &p), MOEJIT_OK);
+  cr_assert_eq(reason_count(&p, "divisibility"), 0);
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+}
+
+static const mj_tune_cand *find(const mj_tune_plan *p, int which, moejit_gemm_path path, int tm,
+                                int tn, int tk, int stages, int pruned) {
+  for (size_t i = 0; i < p->n; i++) {
+    const mj_tune_cand *c = &p->cands[i];
+    if (c->which == which && c->path == path && c->cfg.tile_m == tm && c->cfg.tile_n == tn &&
+        c->cfg.tile_k == tk && c->cfg.stages == stages && c->pruned == pruned)
+      return c;
+  }
+  return NULL;
+}
+
+Test(tune_sweep, dedupe_merges_token_masks) {
+  /* wgmma: 128 x 64 s2 is four 64-wide k-stages, as 64 x 64 s4; and
+   * tile_m 16/32/64 all become a 64-row wgmma tile */
+  moejit_sweep *sw = load(
+      "name: dd\ntokens: [32, 256, 2048]\nshapes: [qwen3-30b-a3b]\nkernels: [gemm2]\n"
+      "paths: [wgmma]\n"
+      "spaces:\n"
+      "  - {tokens: [32], tile_m: [16, 64], tile_n: 128, tile_k: 64, stages: 4}\n"
+      "  - {tokens: [2048], tile_m: 32, tile_n: 128, tile_k: 128, stages: 2}\n");
+  mj_tune_plan p;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK);
+  const mj_tune_cand *kept16 = find(&p, 2, MOEJIT_GEMM_PATH_WGMMA, 16, 128, 64, 4, 0);
+  cr_assert_not_null(kept16, "the first of the equal plans is kept");
+  cr_assert_eq(kept16->tmask, 1u | 4u, "T=32 and T=2048 (bits 0 and 2) merged");
+  cr_assert_eq(reason_count(&p, "duplicate launch plan"), 2);
+  const mj_tune_cand *dup = find(&p, 2, MOEJIT_GEMM_PATH_WGMMA, 32, 128, 128, 2, 1);
+  cr_assert_not_null(dup);
+  cr_assert(strstr(dup->reason, "16x128x64 s4 w8 wgmma"), "names what it duplicates: %s",
+            dup->reason);
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+}
+
+Test(tune_sweep, heuristic_tiles_are_candidates) {
+  moejit_sweep *sw = NULL;
+  cr_assert_eq(moejit_sweep_load_file(SWEEPS "smoke.yaml", &sw), MOEJIT_OK);
+  mj_tune_plan p;
+  /* sm_80: AUTO runs mma.sync, on the decode tile under 64 rows (T=4: 8
+   * rows; gemm1 64x256x64 s4, gemm2 64x128x64 s4), else the shape's tile */
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_80", &p), MOEJIT_OK);
+  const mj_tune_cand *d1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 64, 256, 64, 4, 0);
+  const mj_tune_cand *d2 = find(&p, 2, MOEJIT_GEMM_PATH_MMA, 64, 128, 64, 4, 0);
+  const mj_tune_cand *s1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 128, 256, 64, 4, 0);
+  cr_assert(d1 && d1->heuristic && d1->tmask == 1u);
+  cr_assert(d2 && d2->heuristic && d2->tmask == 1u);
+  cr_assert(s1 && s1->heuristic && s1->tmask == 6u, "T=64 and T=512 on the shape's own tile");
+  mj_tune_plan_free(&p);
+  /* sm_90a: whatever AUTO's plan is at each T, a heuristic candidate has
+   * its tile and path */
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK);
+  const mj_sweep_shape *sh = &sw->shapes[0];
+  for (int which = 1; which <= 2; which++)
+    for (int t = 0; t < sh->n_tokens; t++) {
+      mj_gemm_plan auto_plan;
+      cr_assert_eq(mj_gemm_plan_make_for(&sh->spec, which, MOEJIT_GEMM_PATH_AUTO,
+                                         sh->tokens[t] * sh->spec.top_k, "sm_90a", &auto_plan),
+                   MOEJIT_OK);
+      int found = 0;
+      for (size_t i = 0; i < p.n; i++) {
+        const mj_tune_cand *c = &p.cands[i];
+        found |= !c->pruned && c->heuristic && c->which == which && (c->tmask & (1u << t)) &&
+                 (auto_plan.use_wgmma ? c->path == MOEJIT_GEMM_PATH_WGMMA
+                                      : c->path == MOEJIT_GEMM_PATH_MMA) &&
+                 (c->cfg.tile_m < 64 ? 64 : c->cfg.tile_m) == auto_plan.tile_m &&
+                 c->cfg.tile_n == auto_plan.tile_n;
+      }
+      cr_assert(found, "gemm%d T=%lld: no candidate for AUTO's %dx%d %s", which,
+                (long long)sh->tokens[t], auto_plan.tile_m, auto_plan.tile_n, auto_plan.entry);
+    }
+  cr_assert_eq(p.pruned, 4, "the 4-warp wgmma tiles duplicate the 8-warp ones");
+  for (size_t i = 0; i < p.n; i++)
+    if (p.cands[i].pruned)
+      cr_assert_eq(p.cands[i].cfg.warps, 4, "the first listed (8 warps) is kept");
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+}
+
+Test(tune_sweep, cluster_parameter) {
+  moejit_sweep *sw = load(
+      "name: c\ntokens: [256]\nshapes: [olmoe-1b-7b]\nkernels: [gemm2]\n"
+      "spaces:\n  - {tile_m: 128, tile_n: 128, tile_k: 64, stages: 4, cluster_m: [1, 2]}\n");
+  cr_assert_eq(sw->spaces[0].n_values[MJ_P_CLUSTER_M], 2);
+  mj_tune_plan p;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK);
+  /* mma ignores clusters: cluster 2 is its duplicate; wgmma multicasts: kept */
+  const mj_tune_cand *m2 = NULL, *w2 = NULL;
+  for (size_t i = 0; i < p.n; i++)
+    if (p.cands[i].cfg.cluster_m == 2) {
+      if (p.cands[i].path == MOEJIT_GEMM_PATH_MMA)
+        m2 = &p.cands[i];
+      else
+        w2 = &p.cands[i];
+    }
+  cr_assert(m2 && m2->pruned && strstr(m2->category, "duplicate"));
+  cr_assert(w2 && !w2->pruned, "%s", w2 ? w2->reason : "none");
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+  load_fails(
+      "name: c\ntokens: [1]\nshapes: [olmoe-1b-7b]\n"
+      "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2, cluster_m: 4}\n",
+      "spaces[0].cluster_m", "allowed 1, 2");
+}
+
+Test(tune_sweep, schedule_parameter) {
+  moejit_sweep *sw = load(
+      "name: s\ntokens: [2048]\nshapes: [olmoe-1b-7b]\nkernels: [gemm1]\npaths: [wgmma]\n"
+      "spaces:\n  - {tile_m: [64, 128, 256], tile_n: 128, tile_k: 64, stages: 4,"
+      " schedule: [cooperative, pingpong]}\n");
+  cr_assert_eq(sw->spaces[0].n_values[MJ_P_SCHEDULE], 2);
+  mj_tune_plan p;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK);
+  size_t pingpong = 0;
+  for (size_t i = 0; i < p.n; i++)
+    if (p.cands[i].cfg.schedule == MOEJIT_SCHEDULE_PINGPONG && !p.cands[i].pruned) pingpong++;
+  /* 256x128 pingpong would hold 32768 sums per warpgroup: the wgmma blocker says no */
+  cr_assert_eq(pingpong, 2, "64x128 and 128x128 pingpong kept");
+  cr_assert_eq(reason_count(&p, "pingpong"), 1);
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+  load_fails(
+      "name: s\ntokens: [1]\nshapes: [olmoe-1b-7b]\n"
+      "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2, schedule: [fast]}\n",
+      "spaces[0].schedule", "allowed cooperative, pingpong");
+}

@@ -1,0 +1,169 @@
+/* The autotuner on a GPU, end to end on configs/sweeps/smoke.yaml: every
+ * candidate checks out against the reference, each (kernel, T) gets a
+ * winner, the tuned table's entries run on their path and tile and match
+ * the float64 reference on fresh data, and a second run re-times nothing.
+ * Skips without a GPU. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moejit/moejit.h"
+#include "ref_gemm.h"
+#include "test_support.h"
+#include "tune/tune.h"
+#include "tune/tuned_table.h"
+
+#define SMOKE MOEJIT_TEST_SOURCE_DIR "/configs/sweeps/smoke.yaml"
+
+static moejit_ctx *ctx_or_skip(void) {
+  char why[512];
+  if (!ts_gpu_available(why, sizeof why)) cr_skip_test("no GPU: %s", why);
+  moejit_ctx *ctx = NULL;
+  cr_assert_eq(moejit_ctx_create(&ctx, NULL), MOEJIT_OK, "%s", moejit_last_error());
+  return ctx;
+}
+
+static void *upload(moejit_ctx *ctx, const void *host, size_t bytes) {
+  void *d = NULL;
+  cr_assert_eq(moejit_mem_alloc(ctx, bytes, NULL, &d), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(moejit_memcpy_htod(ctx, d, host, bytes, NULL), MOEJIT_OK);
+  return d;
+}
+
+/* Runs one table entry's GEMM (its path and tile, exactly) on fresh random
+ * data of the entry's shape and compares with the float64 reference. */
+static void entry_runs(moejit_ctx *ctx, const mj_tuned_entry *e, const moejit_spec *shape,
+                       ts_rng *rng) {
+  moejit_spec spec = *shape;
+  int which = e->kernel[4] - '0';
+  if (which == 1)
+    spec.gemm1 = e->cfg;
+  else
+    spec.gemm2 = e->cfg;
+  cr_assert_eq(moejit_spec_validate(&spec), MOEJIT_OK, "%s", moejit_last_error());
+  int64_t rows = e->tokens * spec.top_k, k = which == 1 ? spec.hidden : spec.expert_width;
+  int64_t n = which == 1 ? spec.expert_width : spec.hidden, wr = which == 1 ? 2 * n : n;
+  int32_t off[1025];
+  mj_tune_route(spec.experts, spec.top_k, e->tokens, ts_next(rng), off);
+  size_t a_n = (size_t)(rows * k), w_n = (size_t)(spec.experts * wr * k), o_n = (size_t)(rows * n);
+  uint16_t *a = malloc(a_n * 2), *w = malloc(w_n * 2), *out = malloc(o_n * 2);
+  double *ref = malloc(o_n * sizeof *ref);
+  cr_assert(a && w && out && ref);
+  mj_tune_data *d = malloc(sizeof *d); /* 512 KiB lookup table inside */
+  cr_assert(d);
+  cr_assert_eq(mj_tune_data_make(d, spec.act_dtype, k, 1 << 16, ts_next(rng)), MOEJIT_OK);
+  for (size_t i = 0; i < a_n; i++) a[i] = d->chunk[ts_next(rng) % d->n];
+  for (size_t i = 0; i < w_n; i++) w[i] = d->chunk[ts_next(rng) % d->n];
+  void *da = upload(ctx, a, a_n * 2), *dw = upload(ctx, w, w_n * 2),
+       *doff = upload(ctx, off, sizeof(int32_t) * (size_t)(spec.experts + 1));
+  void *dout = NULL;
+  cr_assert_eq(moejit_mem_alloc(ctx, o_n * 2, NULL, &dout), MOEJIT_OK);
+  cr_assert_eq(moejit_memset_d32(ctx, dout, 0xffffffffu, o_n / 2, NULL), MOEJIT_OK);
+  moejit_gemm_args args = {da, dw, dout, doff, NULL, rows, e->path};
+  moejit_status st = which == 1 ? moejit_gemm1_swiglu(ctx, &spec, &args, NULL)
+                                : moejit_gemm2(ctx, &spec, &args, NULL);
+  cr_assert_eq(st, MOEJIT_OK, "%s T=%lld on %s: %s", e->kernel, (long long)e->tokens,
+               moejit_gemm_path_name(e->path), moejit_last_error());
+  cr_assert_eq(moejit_memcpy_dtoh(ctx, out, dout, o_n * 2, NULL), MOEJIT_OK);
+  cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
+  ref_gemm_problem p = {spec.act_dtype, spec.weight_dtype, a, w, off, NULL, spec.experts,
+                        spec.hidden,    spec.expert_width};
+  if (which == 1)
+    ref_gemm1_swiglu(&p, ref);
+  else
+    ref_gemm2(&p, ref);
+  double err = ref_gemm_rel_error(spec.act_dtype, out, ref, o_n);
+  cr_assert_leq(err, 2e-2, "%s T=%lld %dx%dx%d s%d on %s: relative error %g", e->kernel,
+                (long long)e->tokens, e->cfg.tile_m, e->cfg.tile_n, e->cfg.tile_k, e->cfg.stages,
+                moejit_gemm_path_name(e->path), err);
+  moejit_mem_free(ctx, da, NULL), moejit_mem_free(ctx, dw, NULL);
+  moejit_mem_free(ctx, doff, NULL), moejit_mem_free(ctx, dout, NULL);
+  mj_tune_data_free(d);
+  free(d), free(a), free(w), free(out), free(ref);
+}
+
+Test(tune_gpu, smoke_sweep_end_to_end, .timeout = 600) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_device_info info;
+  cr_assert_eq(moejit_ctx_device_info(ctx, &info), MOEJIT_OK);
+  moejit_sweep *sw = NULL;
+  cr_assert_eq(moejit_sweep_load_file(SMOKE, &sw), MOEJIT_OK, "%s", moejit_last_error());
+  char *tmp = ts_mkdtemp("tune-gpu"), results[1024], table[1024];
+  snprintf(results, sizeof results, "%s/results", tmp);
+  snprintf(table, sizeof table, "%s/tuned/table.yaml", tmp);
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = table;
+  moejit_tune_summary s;
+  cr_assert_eq(moejit_tune_run(ctx, sw, &o, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert(s.timed);
+  cr_assert_str_eq(s.device, info.name);
+  cr_assert_eq(s.wrong, 0, "every candidate must match the reference");
+  cr_assert_eq(s.failed, 0);
+  cr_assert_eq(s.compile_failed, 0);
+  cr_assert_eq(s.measured, s.points);
+  cr_assert_eq(s.n_winners, 6, "2 kernels x 3 token counts");
+  for (size_t i = 0; i < s.n_winners; i++) {
+    cr_assert_gt(s.winners[i].us, 0);
+    cr_assert_gt(s.winners[i].heuristic_us, 0);
+    /* AUTO's own tile is a candidate: the winner is no slower, give or take
+     * the noise of kernels this small */
+    cr_assert_leq(s.winners[i].us, s.winners[i].heuristic_us * 1.5,
+                  "%s T=%lld: %g us vs heuristic %g", s.winners[i].kernel,
+                  (long long)s.winners[i].tokens, s.winners[i].us, s.winners[i].heuristic_us);
+  }
+  mj_tuned_table t;
+  cr_assert_eq(mj_tuned_table_load_file(table, &t), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(t.n, 6);
+  cr_assert_str_eq(t.device, info.name);
+  cr_assert_str_eq(t.arch, info.arch);
+  ts_rng rng = ts_rng_fresh("tune_gpu");
+  for (size_t i = 0; i < t.n; i++) entry_runs(ctx, &t.entries[i], &sw->shapes[0].spec, &rng);
+  mj_tuned_table_free(&t);
+  cr_assert_eq(ts_count_files(results, "results.csv"), 1);
+  cr_assert_eq(ts_count_files(results, "chart.svg"), 1);
+  /* again: everything resumed, nothing compiled or timed */
+  moejit_tune_summary again;
+  cr_assert_eq(moejit_tune_run(ctx, sw, &o, &again), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(again.measured, 0);
+  cr_assert_eq(again.resumed, s.measured);
+  cr_assert_eq(again.compiled, 0);
+  cr_assert_eq(again.n_winners, 6);
+  moejit_tune_summary_free(&s);
+  moejit_tune_summary_free(&again);
+  moejit_sweep_destroy(sw);
+  moejit_ctx_destroy(ctx);
+  ts_rmtree(tmp);
+  free(tmp);
+}
+
+Test(tune_gpu, budget_and_resume, .timeout = 600) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_sweep *sw = NULL;
+  cr_assert_eq(moejit_sweep_load_file(SMOKE, &sw), MOEJIT_OK, "%s", moejit_last_error());
+  char *tmp = ts_mkdtemp("tune-gpu-budget"), results[1024];
+  snprintf(results, sizeof results, "%s/results", tmp);
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.no_table = 1;
+  o.budget_seconds = 1e-3; /* spent before the first timing */
+  moejit_tune_summary s;
+  cr_assert_eq(moejit_tune_run(ctx, sw, &o, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.measured, 0);
+  cr_assert_eq(s.skipped_budget, s.points);
+  cr_assert(strstr(s.stop_reason, "budget"), "%s", s.stop_reason);
+  cr_assert_eq(s.table_path[0], '\0');
+  o.budget_seconds = 0;
+  moejit_tune_summary rest;
+  cr_assert_eq(moejit_tune_run(ctx, sw, &o, &rest), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(rest.measured, rest.points, "the skipped points are timed now");
+  cr_assert_eq(rest.resumed, 0);
+  moejit_tune_summary_free(&s);
+  moejit_tune_summary_free(&rest);
+  moejit_sweep_destroy(sw);
+  moejit_ctx_destroy(ctx);
+  ts_rmtree(tmp);
+  free(tmp);
+}
