@@ -109,6 +109,12 @@ void mj_tune_plan_free(mj_tune_plan *plan);
 void mj_tune_cand_spec(const moejit_sweep *sweep, int shape, int which, const moejit_gemm_cfg *cfg,
                        const char *arch, moejit_spec *out);
 
+/* The (cfg, explicit path) AUTO runs for `rows` rows of GEMM `which` of
+ * base on arch: the spec's tile on wgmma or mma, the narrow decode tile on
+ * wgmma, or mma.sync's decode tile. 0 when AUTO would run SIMT. */
+int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
+                           moejit_gemm_cfg *cfg, moejit_gemm_path *path);
+
 /* "128x256x64 s4 w8" (", along_n" added for that raster). */
 void mj_tune_cfg_str(const moejit_gemm_cfg *cfg, char *buf, size_t cap);
 

@@ -243,8 +243,8 @@ static moejit_status enumerate_space(builder *b, int shape, int which, const mj_
  * the spec's tile on wgmma or mma, the narrow decode tile on wgmma (its
  * plan's tile with its k-stages as 64-wide stages: the same launch), or
  * the decode tile on mma. 0 for SIMT. */
-static int heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
-                          moejit_gemm_cfg *cfg, moejit_gemm_path *path) {
+int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
+                           moejit_gemm_cfg *cfg, moejit_gemm_path *path) {
   mj_gemm_plan plan;
   if (mj_gemm_plan_make_for(base, which, MOEJIT_GEMM_PATH_AUTO, rows, arch, &plan) != MOEJIT_OK) {
     mj_clear_error();
@@ -275,7 +275,7 @@ static moejit_status add_heuristic_tiles(builder *b, int shape, int which) {
                     &base);
   for (int t = 0; t < sh->n_tokens; t++) {
     mj_tune_cand c = {.shape = shape, .which = which, .tmask = 1u << t, .heuristic = 1, .unit = -1};
-    if (!heuristic_tile(&base, which, sh->tokens[t] * sh->spec.top_k, b->arch, &c.cfg, &c.path))
+    if (!mj_tune_heuristic_tile(&base, which, sh->tokens[t] * sh->spec.top_k, b->arch, &c.cfg, &c.path))
       continue;
     moejit_spec spec;
     mj_gemm_plan plan;

@@ -35,6 +35,7 @@ typedef struct fake {
   int64_t fail_open_tokens; /* open_group fails for this T */
   int die_after;            /* the GPU dies at this measure (0: never) */
   int dead;
+  double auto_us;           /* the heuristic's time (0: 1000 us) */
 } fake;
 
 static moejit_status fake_compile(void *state, const moejit_spec *spec, const char *family,
@@ -61,9 +62,10 @@ static moejit_status fake_open(void *state, const mj_tune_group *g) {
 /* Times with a known order: wgmma 64x128x64 s4 is the fastest correct
  * candidate; mma 16x128 would beat it but (wrong_tile_m) is wrong; the
  * heuristic (AUTO) takes 1000 us. */
-static double fake_us(const moejit_spec *spec, int which, moejit_gemm_path path, int64_t tokens) {
+static double fake_us(const fake *f, const moejit_spec *spec, int which, moejit_gemm_path path,
+                      int64_t tokens) {
   const moejit_gemm_cfg *c = which == 1 ? &spec->gemm1 : &spec->gemm2;
-  if (path == MOEJIT_GEMM_PATH_AUTO) return 1000;
+  if (path == MOEJIT_GEMM_PATH_AUTO) return f->auto_us > 0 ? f->auto_us : 1000;
   return 100 + (double)tokens / 8 + c->tile_m * 0.5 + c->tile_n * 0.1 +
          (path == MOEJIT_GEMM_PATH_MMA ? 20 : 0) + c->stages + which;
 }
@@ -79,7 +81,7 @@ static moejit_status fake_measure(void *state, const mj_tune_group *g, const moe
   }
   const moejit_gemm_cfg *c = g->which == 1 ? &spec->gemm1 : &spec->gemm2;
   m->rel_err = path == MOEJIT_GEMM_PATH_MMA && c->tile_m == f->wrong_tile_m ? 0.5 : 1e-3;
-  m->us = m->rel_err <= g->tolerance ? fake_us(spec, g->which, path, g->tokens) : 0;
+  m->us = m->rel_err <= g->tolerance ? fake_us(f, spec, g->which, path, g->tokens) : 0;
   m->iters = g->iters;
   return MOEJIT_OK;
 }
@@ -186,6 +188,25 @@ Test(tune_engine, winners_skip_wrong_candidates) {
   }
   cr_assert_str_eq(s.table_path, table);
   cr_assert_eq(s.table_entries, 6);
+  moejit_tune_summary_free(&s);
+}
+
+/* When the heuristic's launch measures faster than every candidate (only
+ * noise can do that: its explicit twin is a candidate), the winner is what
+ * AUTO runs, at the heuristic's time. */
+Test(tune_engine, heuristic_faster_wins_as_its_explicit_plan) {
+  fake f = {.wrong_tile_m = 16, .auto_us = 50};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.n_winners, 6);
+  for (size_t i = 0; i < s.n_winners; i++) {
+    const moejit_tune_winner *w = &s.winners[i];
+    cr_assert_float_eq(w->us, 50, 1e-9);
+    cr_assert_float_eq(w->heuristic_us, 50, 1e-9);
+    cr_assert(w->path == MOEJIT_GEMM_PATH_MMA || w->path == MOEJIT_GEMM_PATH_WGMMA,
+              "an explicit path, never AUTO");
+    cr_assert_gt(w->tflops, 0);
+  }
   moejit_tune_summary_free(&s);
 }
 
