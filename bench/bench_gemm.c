@@ -1,7 +1,9 @@
 /* moejit_bench_gemm: grouped expert GEMMs (gemm1 + SwiGLU, gemm2) of the
  * presets at several token counts with random uniform routing, timed with
- * CUDA events; each point against its floor max(FLOPs / 750 TFLOP/s,
- * bytes / 3.0 TB/s) (docs/gemm.md, DESIGN.md: the H100 figures). */
+ * CUDA events beside cuBLAS peers measured in the same run (a dense GEMM of
+ * equal FLOPs, a per-expert GEMM loop, cublasGemmGroupedBatchedEx); each
+ * point against its floor max(FLOPs / dense cuBLAS rate, bytes / 3.0 TB/s)
+ * and the targets of issue #5 (docs/gemm.md, DESIGN.md: the H100 figures). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -12,19 +14,36 @@
 #include "moejit/gemm.h"
 #include "moejit/moejit.h"
 
-#define PEAK_FLOPS 750e12
+#include "bench_gemm_peers.h"
+
+#define PEAK_FLOPS 750e12 /* the floor's rate where dense cuBLAS could not run */
 #define PEAK_BYTES 3.0e12
 #define CHUNK_BYTES ((size_t)64 << 20) /* random host data tiled over device buffers */
 #define ROTATE_BYTES 100e6             /* 2x the H100 L2: inputs rotate until this much */
 #define MAX_SETS 16
-#define MAX_POINTS 64
+#define MAX_POINTS 512
+#define WARMUP 3 /* untimed launches before the timed ones */
+/* Targets (issue #5): time within 1.15x of the floor; from T*k = 32768 rows
+ * on, at least 85% of the dense cuBLAS rate; never slower than the best peer. */
+#define TARGET_FLOOR 1.15
+#define TARGET_DENSE 0.85
+#define TARGET_DENSE_ROWS 32768
+
+/* cuBLAS peers of one (preset, gemm, T), in µs; NAN where one could not run. */
+typedef struct peer_times {
+  double dense, loop, grouped;
+} peer_times;
 
 typedef struct point {
   char preset[64]; /* a copy: callers pass names that live on their stack */
   const char *gemm;
   const char *path; /* "auto", "mma" or "wgmma" */
-  int64_t tokens;
-  double us, tflops, weight_tbs, floor_us;
+  int64_t tokens, rows;
+  double us, floor_us, tflops, tbs;
+  double floor_tflops; /* the rate the floor used: dense cuBLAS's, or PEAK_FLOPS */
+  peer_times peers;
+  double dense_tflops, speedup; /* speedup: best peer µs / ours; NAN without a peer */
+  char targets[32];             /* "ok" or the missed ones, joined by '+' */
 } point;
 
 static point g_points[MAX_POINTS];
@@ -37,6 +56,24 @@ static const char *path_name(moejit_gemm_path p) {
 }
 static int g_n_points;
 static void *g_chunk; /* CHUNK_BYTES of random bf16/fp16 values on the host */
+static FILE *g_csv;   /* --csv FILE, or NULL */
+static peers *g_peers; /* NULL: every peer is n/a for the reason in g_peers_why */
+static char g_peers_why[PEER_WHY_MAX];
+static int g_n_sets_max, g_iters; /* for the footer */
+
+/* Why peers were n/a, each reason once with the first point it hit. */
+#define MAX_NOTES 24
+static char g_notes[MAX_NOTES][PEER_WHY_MAX + 160]; /* key + " (first at " + where */
+static int g_n_notes;
+
+static void note_na(const char *peer, const char *where, const char *why) {
+  char key[PEER_WHY_MAX + 32];
+  snprintf(key, sizeof key, "%.16s: %.*s", peer, PEER_WHY_MAX - 1, why);
+  for (int i = 0; i < g_n_notes; i++)
+    if (!strncmp(g_notes[i], key, strlen(key)) && g_notes[i][strlen(key)] == ' ') return;
+  if (g_n_notes < MAX_NOTES)
+    snprintf(g_notes[g_n_notes++], sizeof g_notes[0], "%s (first at %.100s)", key, where);
+}
 
 #define CHECK(call)                                                                         \
   do {                                                                                      \
@@ -112,95 +149,270 @@ static int cmp_double(const void *a, const void *b) {
 typedef struct io_set {
   void *x, *h, *y, *offsets;
   float *scale;
+  int32_t *host_offsets; /* [E + 1]: the peers launch per expert from the host */
+  void *h2;              /* [rows, 2f]: gemm1 peers' output (gate and up, no SwiGLU) */
+  peer_grouped *grouped; /* the grouped peer's pointer arrays for the GEMM being timed */
 } io_set;
 
-/* Median µs of `iters` back-to-back launches of one GEMM over the sets. */
-static double time_gemm(moejit_ctx *ctx, const moejit_spec *s, int which, const void *w,
-                        io_set *sets, int n_sets, int64_t rows, int iters, moejit_gemm_path path,
-                        moejit_stream stream) {
+/* One launch of what is timed, on input set `set`: 0, or -1 with why. */
+typedef int (*launch_fn)(void *state, int set, char *why);
+
+/* Median µs of `iters` back-to-back launches, each between its own pair of
+ * events, after WARMUP launches; launch i uses set (i + WARMUP) % n_sets.
+ * NAN with why on failure (the stream drained first). */
+static double time_launches(moejit_ctx *ctx, launch_fn launch, void *state, int n_sets, int iters,
+                            moejit_stream stream, char *why) {
   moejit_event ev[257];
   double ms[256];
   if (iters > 256) iters = 256;
-  for (int i = 0; i <= iters; i++) CHECK(moejit_event_create(ctx, &ev[i]));
-  for (int i = -3; i < iters; i++) { /* 3 warm-up launches, then timed ones */
-    io_set *io = &sets[(i + 3) % n_sets];
-    moejit_gemm_args a = {which == 1 ? io->x : io->h, w, which == 1 ? io->h : io->y, io->offsets,
-                          which == 2 ? io->scale : NULL, rows, path};
-    if (i == 0) CHECK(moejit_event_record(ctx, ev[0], stream));
-    CHECK(which == 1 ? moejit_gemm1_swiglu(ctx, s, &a, stream) : moejit_gemm2(ctx, s, &a, stream));
-    if (i >= 0) CHECK(moejit_event_record(ctx, ev[i + 1], stream));
+  int made = 0, failed = 0;
+  moejit_status st = MOEJIT_OK;
+  while (made <= iters && (st = moejit_event_create(ctx, &ev[made])) == MOEJIT_OK) made++;
+  for (int i = -WARMUP; i < iters && st == MOEJIT_OK && !failed; i++) {
+    if (i == 0) st = moejit_event_record(ctx, ev[0], stream);
+    if (st == MOEJIT_OK) failed = launch(state, (i + WARMUP) % n_sets, why) != 0;
+    if (st == MOEJIT_OK && !failed && i >= 0) st = moejit_event_record(ctx, ev[i + 1], stream);
   }
-  CHECK(moejit_event_synchronize(ctx, ev[iters]));
-  for (int i = 0; i < iters; i++) {
+  if (st == MOEJIT_OK && !failed) st = moejit_event_synchronize(ctx, ev[iters]);
+  for (int i = 0; i < iters && st == MOEJIT_OK && !failed; i++) {
     float t;
-    CHECK(moejit_event_elapsed_ms(ctx, ev[i], ev[i + 1], &t));
+    st = moejit_event_elapsed_ms(ctx, ev[i], ev[i + 1], &t);
     ms[i] = t;
   }
-  for (int i = 0; i <= iters; i++) moejit_event_destroy(ctx, ev[i]);
+  if (st != MOEJIT_OK) snprintf(why, PEER_WHY_MAX, "%s", moejit_last_error());
+  if (st != MOEJIT_OK || failed) (void)moejit_stream_synchronize(ctx, stream);
+  for (int i = 0; i < made; i++) moejit_event_destroy(ctx, ev[i]);
+  if (st != MOEJIT_OK || failed) return NAN;
   qsort(ms, (size_t)iters, sizeof ms[0], cmp_double);
   return ms[iters / 2] * 1e3;
 }
 
+/* One GEMM of a point: the spec, its weights, the input sets. */
+typedef struct gemm_run {
+  moejit_ctx *ctx;
+  const moejit_spec *s;
+  int which; /* 1 or 2 */
+  const void *w;
+  io_set *sets;
+  int n_sets;
+  int64_t rows;
+  moejit_gemm_path path; /* ours only */
+  moejit_stream stream;
+  int dense_turn; /* dense only: launches so far, picks the expert */
+} gemm_run;
+
+static int launch_ours(void *state, int set, char *why) {
+  const gemm_run *r = state;
+  io_set *io = &r->sets[set];
+  moejit_gemm_args a = {r->which == 1 ? io->x : io->h, r->w, r->which == 1 ? io->h : io->y,
+                        io->offsets, r->which == 2 ? io->scale : NULL, r->rows, r->path};
+  moejit_status st = r->which == 1 ? moejit_gemm1_swiglu(r->ctx, r->s, &a, r->stream)
+                                   : moejit_gemm2(r->ctx, r->s, &a, r->stream);
+  if (st == MOEJIT_OK) return 0;
+  snprintf(why, PEER_WHY_MAX, "%s", moejit_last_error());
+  return -1;
+}
+
+/* Median µs of ours; a failure ends the run, as a broken kernel should. */
+static double time_ours(gemm_run *r, int iters) {
+  char why[PEER_WHY_MAX] = "";
+  double us = time_launches(r->ctx, launch_ours, r, r->n_sets, iters, r->stream, why);
+  if (isnan(us)) {
+    fprintf(stderr, "%s gemm%d %s: %s\n", r->s->name, r->which, path_name(r->path), why);
+    exit(1);
+  }
+  return us;
+}
+
+/* The peers' view of set `set`: gemm1 computes [rows, 2f] (gate and up, no
+ * SwiGLU) into h2, gemm2 [rows, d] into y (no row scale). */
+static peer_gemm peer_problem(const gemm_run *r, int set) {
+  const io_set *io = &r->sets[set];
+  const int64_t d = r->s->hidden, f = r->s->expert_width;
+  peer_gemm g = {r->which == 1 ? io->x : io->h, r->w, r->which == 1 ? io->h2 : io->y,
+                 io->host_offsets, r->s->experts, r->which == 1 ? 2 * f : d,
+                 r->which == 1 ? d : f, r->s->act_dtype};
+  return g;
+}
+
+/* Dense: one GEMM of all rows on one expert's weights, the expert changing
+ * at every launch so its weights come from DRAM as ours do, not from an L2
+ * the launch before filled. */
+static int launch_dense(void *state, int set, char *why) {
+  gemm_run *r = state;
+  peer_gemm g = peer_problem(r, set);
+  const size_t esz = moejit_dtype_size(g.dtype), e = (size_t)(r->dense_turn++ % g.experts);
+  const char *w = (const char *)g.w + e * (size_t)(g.n * g.k) * esz;
+  return peer_dense(g_peers, g.a, w, g.c, r->rows, g.n, g.k, g.dtype, why);
+}
+
+static int launch_loop(void *state, int set, char *why) {
+  const gemm_run *r = state;
+  peer_gemm g = peer_problem(r, set);
+  return peer_loop(g_peers, &g, why);
+}
+
+static int launch_grouped(void *state, int set, char *why) {
+  const gemm_run *r = state;
+  return peer_grouped_run(g_peers, r->sets[set].grouped, why);
+}
+
+/* Median µs of one peer, or NAN with the reason noted. Each set runs once
+ * untimed first: cuBLAS loads kernels and picks algorithms per shape, and the
+ * sets' per-expert shapes differ. */
+static double time_peer(gemm_run *r, const char *peer, launch_fn launch, int iters,
+                        const char *where) {
+  char why[PEER_WHY_MAX] = "";
+  double us = NAN;
+  int failed = 0;
+  for (int set = 0; set < r->n_sets && !failed; set++) failed = launch(r, set, why) != 0;
+  if (!failed) us = time_launches(r->ctx, launch, r, r->n_sets, iters, r->stream, why);
+  if (isnan(us)) note_na(peer, where, why);
+  return us;
+}
+
+static peer_times time_peers(gemm_run *r, int iters) {
+  peer_times t = {NAN, NAN, NAN};
+  char where[128], why[PEER_WHY_MAX] = "";
+  snprintf(where, sizeof where, "%.63s gemm%d T=%lld", r->s->name, r->which,
+           (long long)(r->rows / r->s->top_k));
+  int no_h2 = 0;
+  for (int i = 0; i < r->n_sets; i++) no_h2 |= r->which == 1 && !r->sets[i].h2;
+  const char *skip = !g_peers ? g_peers_why
+                     : r->s->act_dtype != r->s->weight_dtype
+                         ? "activation and weight dtypes differ"
+                     : no_h2 ? "no device memory for the [T*k, 2f] output"
+                             : NULL;
+  if (skip) {
+    note_na("all peers", where, skip);
+    return t;
+  }
+  t.dense = time_peer(r, "dense", launch_dense, iters, where);
+  t.loop = time_peer(r, "loop", launch_loop, iters, where);
+  int ready = 1;
+  for (int i = 0; i < r->n_sets && ready; i++) {
+    peer_gemm g = peer_problem(r, i);
+    ready = peer_grouped_prepare(g_peers, &g, &r->sets[i].grouped, why) == 0;
+  }
+  if (ready) t.grouped = time_peer(r, "grouped", launch_grouped, iters, where);
+  else note_na("grouped", where, why);
+  for (int i = 0; i < r->n_sets; i++) {
+    peer_grouped_free(r->sets[i].grouped);
+    r->sets[i].grouped = NULL;
+  }
+  return t;
+}
+
+/* The missed targets of a point, joined by '+', or "ok". */
+static void judge(point *p) {
+  const double best = fmin(p->peers.loop, p->peers.grouped); /* NAN only if both are */
+  p->targets[0] = '\0';
+  if (p->us > TARGET_FLOOR * p->floor_us) strcat(p->targets, "+floor");
+  if (p->us > best) strcat(p->targets, "+peer");
+  if (p->rows >= TARGET_DENSE_ROWS && p->tflops < TARGET_DENSE * p->floor_tflops)
+    strcat(p->targets, "+dense");
+  if (!p->targets[0]) strcpy(p->targets, "ok");
+  else memmove(p->targets, p->targets + 1, strlen(p->targets));
+}
+
+static void csv_row(const point *p);
+static const char *cell(char *buf, size_t n, const char *fmt, double v);
+
 static void report(const char *preset, const char *gemm, moejit_gemm_path path, int64_t tokens,
-                   double us, double flops, double weight_bytes, double bytes) {
-  double floor_us = fmax(flops / PEAK_FLOPS, bytes / PEAK_BYTES) * 1e6;
-  point p = {"", gemm, path_name(path), tokens, us, flops / (us * 1e-6) / 1e12,
-             weight_bytes / (us * 1e-6) / 1e12, floor_us};
+                   int64_t rows, double us, double flops, double bytes, const peer_times *pt) {
+  point p = {.gemm = gemm, .path = path_name(path), .tokens = tokens, .rows = rows, .us = us,
+             .peers = *pt};
   snprintf(p.preset, sizeof p.preset, "%s", preset);
-  printf("%-14s %-6s %-5s T=%-6lld %9.1f us  %7.1f TFLOP/s  %5.2f TB/s weights  floor %8.1f us  "
-         "%5.1f%% of floor\n",
-         preset, gemm, p.path, (long long)tokens, us, p.tflops, p.weight_tbs, floor_us,
-         100 * floor_us / us);
+  p.dense_tflops = flops / (pt->dense * 1e-6) / 1e12; /* NAN if dense failed */
+  p.floor_tflops = isnan(p.dense_tflops) ? PEAK_FLOPS / 1e12 : p.dense_tflops;
+  p.floor_us = fmax(flops / (p.floor_tflops * 1e12), bytes / PEAK_BYTES) * 1e6;
+  p.tflops = flops / (us * 1e-6) / 1e12;
+  p.tbs = bytes / (us * 1e-6) / 1e12;
+  p.speedup = fmin(pt->loop, pt->grouped) / us;
+  judge(&p);
+  char b[3][32];
+  printf("# %s %s %s T=%lld: %.1f us, floor %.1f us (%.1f%%), %.1f TFLOP/s, %.2f TB/s; "
+         "dense %s, loop %s, grouped %s us; %s\n",
+         preset, gemm, p.path, (long long)tokens, us, p.floor_us, 100 * p.floor_us / us, p.tflops,
+         p.tbs, cell(b[0], 32, "%.1f", pt->dense), cell(b[1], 32, "%.1f", pt->loop),
+         cell(b[2], 32, "%.1f", pt->grouped), p.targets);
   fflush(stdout);
+  if (g_csv) csv_row(&p);
   if (g_n_points < MAX_POINTS) g_points[g_n_points++] = p;
+}
+
+/* Rotates routings and buffers until one pass touches ROTATE_BYTES; returns
+ * the number of sets and the mean number of experts with rows. */
+static int make_sets(moejit_ctx *ctx, const moejit_spec *s, int64_t tokens, io_set *sets,
+                     double *active) {
+  int64_t rows = tokens * s->top_k, d = s->hidden, f = s->expert_width;
+  size_t esz = moejit_dtype_size(s->act_dtype), wsz = moejit_dtype_size(s->weight_dtype);
+  size_t off_bytes = sizeof(int32_t) * ((size_t)s->experts + 1);
+  int n_sets = 0;
+  double touched = 0;
+  *active = 0;
+  do {
+    io_set *io = &sets[n_sets++];
+    memset(io, 0, sizeof *io);
+    io->host_offsets = malloc(off_bytes);
+    if (!io->host_offsets) fprintf(stderr, "out of host memory\n"), exit(1);
+    int act = route_random(s, tokens, io->host_offsets);
+    *active += act;
+    io->x = dev_random(ctx, (size_t)(rows * d) * esz);
+    io->h = dev_random(ctx, (size_t)(rows * f) * esz);
+    io->y = dev_random(ctx, (size_t)(rows * d) * esz);
+    /* gemm1 peers write gate and up; without the memory they are n/a */
+    if (g_peers && moejit_mem_alloc(ctx, (size_t)(rows * 2 * f) * esz, NULL, &io->h2) != MOEJIT_OK)
+      io->h2 = NULL;
+    CHECK(moejit_mem_alloc(ctx, off_bytes, NULL, &io->offsets));
+    CHECK(moejit_memcpy_htod(ctx, io->offsets, io->host_offsets, off_bytes, NULL));
+    float *sc = malloc(sizeof(float) * (size_t)rows);
+    if (!sc) fprintf(stderr, "out of host memory\n"), exit(1);
+    for (int64_t i = 0; i < rows; i++) sc[i] = 1.0f / (float)s->top_k;
+    CHECK(moejit_mem_alloc(ctx, sizeof(float) * (size_t)rows, NULL, (void **)&io->scale));
+    CHECK(moejit_memcpy_htod(ctx, io->scale, sc, sizeof(float) * (size_t)rows, NULL));
+    free(sc);
+    touched += (double)act * 3 * (double)(f * d) * (double)wsz +
+               (double)(rows * (2 * d + 2 * f)) * (double)esz;
+  } while (touched < ROTATE_BYTES && n_sets < MAX_SETS);
+  *active /= n_sets;
+  return n_sets;
+}
+
+static void free_sets(moejit_ctx *ctx, io_set *sets, int n_sets) {
+  for (int i = 0; i < n_sets; i++) {
+    moejit_mem_free(ctx, sets[i].x, NULL), moejit_mem_free(ctx, sets[i].h, NULL);
+    moejit_mem_free(ctx, sets[i].y, NULL), moejit_mem_free(ctx, sets[i].offsets, NULL);
+    moejit_mem_free(ctx, sets[i].scale, NULL);
+    if (sets[i].h2) moejit_mem_free(ctx, sets[i].h2, NULL);
+    free(sets[i].host_offsets);
+  }
 }
 
 static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, const void *w2,
                         int64_t tokens, int iters, moejit_stream stream) {
   int64_t rows = tokens * s->top_k, d = s->hidden, f = s->expert_width;
   size_t esz = moejit_dtype_size(s->act_dtype), wsz = moejit_dtype_size(s->weight_dtype);
-  int32_t *off = malloc(sizeof(int32_t) * ((size_t)s->experts + 1));
   io_set sets[MAX_SETS];
-  double active = 0;
-  int n_sets = 0;
-  double touched = 0;
-  do { /* rotate routings and buffers until one pass touches ROTATE_BYTES */
-    io_set *io = &sets[n_sets++];
-    int act = route_random(s, tokens, off);
-    active += act;
-    io->x = dev_random(ctx, (size_t)(rows * d) * esz);
-    io->h = dev_random(ctx, (size_t)(rows * f) * esz);
-    io->y = dev_random(ctx, (size_t)(rows * d) * esz);
-    CHECK(moejit_mem_alloc(ctx, sizeof(int32_t) * ((size_t)s->experts + 1), NULL, &io->offsets));
-    CHECK(moejit_memcpy_htod(ctx, io->offsets, off, sizeof(int32_t) * ((size_t)s->experts + 1), NULL));
-    float *sc = malloc(sizeof(float) * (size_t)rows);
-    for (int64_t i = 0; i < rows; i++) sc[i] = 1.0f / (float)s->top_k;
-    CHECK(moejit_mem_alloc(ctx, sizeof(float) * (size_t)rows, NULL, (void **)&io->scale));
-    CHECK(moejit_memcpy_htod(ctx, io->scale, sc, sizeof(float) * (size_t)rows, NULL));
-    free(sc);
-    touched += (double)act * 3 * (double)(f * d) * (double)wsz + (double)(rows * (2 * d + 2 * f)) * (double)esz;
-  } while (touched < ROTATE_BYTES && n_sets < MAX_SETS);
-  active /= n_sets;
+  double active;
+  int n_sets = make_sets(ctx, s, tokens, sets, &active);
+  if (n_sets > g_n_sets_max) g_n_sets_max = n_sets;
   CHECK(moejit_ctx_synchronize(ctx));
-  double m = (double)rows;
-  double wb1 = active * 2 * (double)(f * d) * (double)wsz;
-  double wb2 = active * (double)(f * d) * (double)wsz;
-  for (int i = 0; i < g_n_paths; i++) {
-    double us1 = time_gemm(ctx, s, 1, w1, sets, n_sets, rows, iters, g_paths[i], stream);
-    report(s->name, "gemm1", g_paths[i], tokens, us1, 2 * m * 2 * (double)f * (double)d, wb1,
-           wb1 + m * (double)(d + f) * (double)esz);
+  const double m = (double)rows, ac = m * (double)(d + f) * (double)esz; /* A + C, both GEMMs */
+  for (int which = 1; which <= 2; which++) {
+    gemm_run r = {ctx, s, which, which == 1 ? w1 : w2, sets, n_sets, rows, MOEJIT_GEMM_PATH_AUTO,
+                  stream, 0};
+    const double n_out = which == 1 ? 2 * (double)f : (double)d; /* gemm1: gate + up */
+    const double flops = 2 * m * n_out * (double)(which == 1 ? d : f);
+    const double bytes = active * n_out * (double)(which == 1 ? d : f) * (double)wsz + ac;
+    double us[2];
+    for (int i = 0; i < g_n_paths; i++) r.path = g_paths[i], us[i] = time_ours(&r, iters);
+    peer_times pt = time_peers(&r, iters);
+    for (int i = 0; i < g_n_paths; i++)
+      report(s->name, which == 1 ? "gemm1" : "gemm2", g_paths[i], tokens, rows, us[i], flops,
+             bytes, &pt);
   }
-  for (int i = 0; i < g_n_paths; i++) {
-    double us2 = time_gemm(ctx, s, 2, w2, sets, n_sets, rows, iters, g_paths[i], stream);
-    report(s->name, "gemm2", g_paths[i], tokens, us2, 2 * m * (double)d * (double)f, wb2,
-           wb2 + m * (double)(d + f) * (double)esz);
-  }
-  for (int i = 0; i < n_sets; i++) {
-    moejit_mem_free(ctx, sets[i].x, NULL), moejit_mem_free(ctx, sets[i].h, NULL);
-    moejit_mem_free(ctx, sets[i].y, NULL), moejit_mem_free(ctx, sets[i].offsets, NULL);
-    moejit_mem_free(ctx, sets[i].scale, NULL);
-  }
-  free(off);
+  free_sets(ctx, sets, n_sets);
 }
 
 /* --gemm1 / --gemm2 "M,N,K,STAGES,WARPS": tile overrides for every preset
@@ -255,15 +467,82 @@ static void bench_preset(moejit_ctx *ctx, const char *name, const int64_t *token
   moejit_mem_free(ctx, w1, NULL), moejit_mem_free(ctx, w2, NULL);
 }
 
+/* A value for the table, or "n/a" (NAN: the peer could not run). */
+static const char *cell(char *buf, size_t n, const char *fmt, double v) {
+  if (isnan(v)) snprintf(buf, n, "n/a");
+  else snprintf(buf, n, fmt, v);
+  return buf;
+}
+
+/* The same value for the CSV: empty where n/a. */
+static const char *csv_cell(char *buf, size_t n, const char *fmt, double v) {
+  if (isnan(v)) buf[0] = '\0';
+  else snprintf(buf, n, fmt, v);
+  return buf;
+}
+
+static const char *csv_header =
+    "preset,gemm,path,tokens,rows,time_us,floor_us,pct_of_floor,tflops,tbs,floor_tflops,"
+    "floor_rate,dense_us,dense_tflops,loop_us,grouped_us,speedup_vs_best_peer,targets\n";
+
+static void csv_row(const point *p) {
+  char b[6][32];
+  fprintf(g_csv, "%s,%s,%s,%lld,%lld,%.2f,%.2f,%.1f,%.1f,%.3f,%.1f,%s,%s,%s,%s,%s,%s,%s\n",
+          p->preset, p->gemm, p->path, (long long)p->tokens, (long long)p->rows, p->us,
+          p->floor_us, 100 * p->floor_us / p->us, p->tflops, p->tbs, p->floor_tflops,
+          isnan(p->dense_tflops) ? "fallback" : "dense", csv_cell(b[0], 32, "%.2f", p->peers.dense),
+          csv_cell(b[1], 32, "%.1f", p->dense_tflops), csv_cell(b[2], 32, "%.2f", p->peers.loop),
+          csv_cell(b[3], 32, "%.2f", p->peers.grouped), csv_cell(b[4], 32, "%.3f", p->speedup),
+          p->targets);
+  fflush(g_csv);
+}
+
+static void print_footer(int fallbacks, int met) {
+  printf("# floor = max(FLOPs / dense TFLOP/s of the same point, bytes / %.1f TB/s), bytes = the\n"
+         "#   active experts' weights + A + C once; TB/s = those bytes / time.\n",
+         PEAK_BYTES / 1e12);
+  printf("# dense = one cublasGemmEx of equal FLOPs (M = T*k rows, the GEMM's N and K; gemm1: N =\n"
+         "#   2f, gate and up, no SwiGLU) on one expert's weights. It has no routing: it sets the\n"
+         "#   floor and the dense target, and is not a peer.\n");
+  if (fallbacks)
+    printf("# floor marked *: dense was n/a there; the floor and the dense target used %.0f\n"
+           "#   TFLOP/s instead (%d rows).\n",
+           PEAK_FLOPS / 1e12, fallbacks);
+  printf("# peers (%s, bf16, fp32 sums): loop = cublasGemmEx per expert with rows, the loop\n"
+         "#   timed as one; grouped = cublasGemmGroupedBatchedEx, one group per expert with rows.\n"
+         "#   Both read the per-expert row counts on the host (ours: on the device). gemm1 peers\n"
+         "#   write [T*k, 2f] (no SwiGLU); gemm2 peers apply no row scale (ours does).\n"
+         "# vs peer = best peer time / ours (> 1: ours faster); best peer = faster of loop, grouped.\n",
+         peers_name(g_peers));
+  printf("# targets: ok, or the missed ones: floor (time > %.2fx floor), peer (slower than the\n"
+         "#   best peer), dense (T*k >= %d and TFLOP/s < %.0f%% of dense). %d of %d rows ok.\n",
+         TARGET_FLOOR, TARGET_DENSE_ROWS, 100 * TARGET_DENSE, met, g_n_points);
+  printf("# timing: median of %d launches, each between its own events, after %d warm-ups; inputs\n"
+         "#   rotate over routing/buffer sets until a pass touches %.0f MB (here up to %d sets);\n"
+         "#   each peer runs once on every set before (cuBLAS loads kernels per shape).\n",
+         g_iters, WARMUP, ROTATE_BYTES / 1e6, g_n_sets_max);
+  for (int i = 0; i < g_n_notes; i++) printf("# n/a: %s\n", g_notes[i]);
+}
+
 static void print_table(void) {
-  printf("\n%-14s %-6s %-5s %7s %10s %9s %9s %10s %8s\n", "preset", "gemm", "path", "T",
-         "time us", "TFLOP/s", "W TB/s", "floor us", "% floor");
+  printf("\n%-14s %-5s %-5s %6s %9s %10s %6s %7s %5s %9s %8s %9s %10s %7s  %s\n", "preset",
+         "gemm", "path", "T", "time us", "floor us", "%floor", "TFLOP/s", "TB/s", "dense us",
+         "dense TF", "loop us", "grouped us", "vs peer", "targets");
+  int fallbacks = 0, met = 0;
   for (int i = 0; i < g_n_points; i++) {
     const point *p = &g_points[i];
-    printf("%-14s %-6s %-5s %7lld %10.1f %9.1f %9.2f %10.1f %7.1f%%\n", p->preset, p->gemm,
-           p->path, (long long)p->tokens, p->us, p->tflops, p->weight_tbs, p->floor_us,
-           100 * p->floor_us / p->us);
+    char floor[32], b[5][32];
+    const int fb = isnan(p->dense_tflops);
+    snprintf(floor, sizeof floor, "%.1f%s", p->floor_us, fb ? "*" : "");
+    fallbacks += fb, met += !strcmp(p->targets, "ok");
+    printf("%-14s %-5s %-5s %6lld %9.1f %10s %5.1f%% %7.1f %5.2f %9s %8s %9s %10s %7s  %s\n",
+           p->preset, p->gemm, p->path, (long long)p->tokens, p->us, floor,
+           100 * p->floor_us / p->us, p->tflops, p->tbs, cell(b[0], 32, "%.1f", p->peers.dense),
+           cell(b[1], 32, "%.1f", p->dense_tflops), cell(b[2], 32, "%.1f", p->peers.loop),
+           cell(b[3], 32, "%.1f", p->peers.grouped), cell(b[4], 32, "%.2fx", p->speedup),
+           p->targets);
   }
+  print_footer(fallbacks, met);
 }
 
 /* --path: "auto", "mma", "wgmma" or "both" (mma then wgmma). */
@@ -377,12 +656,24 @@ static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path) {
   return bad;
 }
 
-static int smoke_test(void) {
+/* The ctx and its device line; without a GPU there is nothing to measure:
+ * say so and exit 0 (a build box runs the benchmark only to see it start). */
+static moejit_ctx *open_ctx(moejit_device_info *info) {
   moejit_ctx *ctx;
-  CHECK(moejit_ctx_create(&ctx, NULL));
+  moejit_status st = moejit_ctx_create(&ctx, NULL);
+  if (st == MOEJIT_ERR_NO_DRIVER || st == MOEJIT_ERR_NO_DEVICE) {
+    printf("moejit_bench_gemm: no GPU, nothing measured: %s\n", moejit_last_error());
+    exit(0);
+  }
+  CHECK(st);
+  CHECK(moejit_ctx_device_info(ctx, info));
+  printf("# device: %s (%s, %d SMs)\n", info->name, info->arch, info->sm_count);
+  return ctx;
+}
+
+static int smoke_test(void) {
   moejit_device_info info;
-  CHECK(moejit_ctx_device_info(ctx, &info));
-  printf("# device: %s (%s, %d SMs)\n", info.name, info.arch, info.sm_count);
+  moejit_ctx *ctx = open_ctx(&info);
   int bad = 0;
   const moejit_gemm_path paths[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA};
   for (int which = 2; which >= 1; which--)
@@ -391,8 +682,27 @@ static int smoke_test(void) {
   return bad;
 }
 
+static void usage(void) {
+  printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
+         "                         [--path auto|mma|wgmma|both] [--csv FILE] [--smoke]\n"
+         "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] [--gemm2 ...]\n"
+         "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
+         "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
+         "uniform top-k routing: median of N launches after 3 warm-ups, beside cuBLAS peers\n"
+         "timed the same way in the same run: dense (one cublasGemmEx of equal FLOPs, which\n"
+         "sets the floor), loop (cublasGemmEx per expert) and grouped\n"
+         "(cublasGemmGroupedBatchedEx). Floor = max(FLOPs / dense TFLOP/s, bytes / 3.0 TB/s),\n"
+         "bytes = active experts' weights + A + C. Prints one table with the targets each row\n"
+         "meets or misses (docs/gemm.md); --csv FILE writes the same rows.\n"
+         "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a).\n"
+         "--smoke runs one 64x64x64 tile of each GEMM on each path against a CPU\n"
+         "reference and prints the max abs error and the first mismatches (exit 1 on any).\n"
+         "Without a GPU it says so and exits 0.\n");
+}
+
 int main(int argc, char **argv) {
   const char *presets[8] = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"};
+  const char *csv_path = NULL;
   int n_presets = 3, n_tokens = 5, iters = 30, custom = 0, smoke = 0;
   int64_t tokens[16] = {1, 32, 256, 2048, 16384};
   for (int i = 1; i < argc; i++) {
@@ -411,36 +721,43 @@ int main(int argc, char **argv) {
                parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'], &g_raster[argv[i][6] - '1'],
                           &g_cluster[argv[i][6] - '1'], &g_schedule[argv[i][6] - '1'])) {
       i++;
+    } else if (!strcmp(argv[i], "--csv") && i + 1 < argc) {
+      csv_path = argv[++i];
     } else if (!strcmp(argv[i], "--smoke")) {
       smoke = 1;
     } else {
-      printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
-             "                         [--path auto|mma|wgmma|both] [--smoke]\n"
-             "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] [--gemm2 ...]\n"
-             "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
-             "qwen3-30b-a3b, deepseek-v3) at T tokens with random uniform top-k routing:\n"
-             "median of N launches after 3 warm-ups, against the floor\n"
-             "max(FLOPs / 750 TFLOP/s, bytes / 3.0 TB/s), bytes = active experts' weights + A + C.\n"
-             "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a).\n"
-             "--smoke runs one 64x64x64 tile of each GEMM on each path against a CPU\n"
-             "reference and prints the max abs error and the first mismatches (exit 1 on any).\n");
+      usage();
       return strcmp(argv[i], "--help") ? 2 : 0;
     }
   }
+  for (int i = 0; i < n_tokens; i++)
+    if (tokens[i] < 1) {
+      fprintf(stderr, "moejit_bench_gemm: --tokens: each T must be >= 1\n");
+      return 2;
+    }
   if (smoke) return smoke_test();
-  if (iters < 20) iters = 20;
-  moejit_ctx *ctx;
-  CHECK(moejit_ctx_create(&ctx, NULL));
+  iters = iters < 20 ? 20 : iters > 256 ? 256 : iters;
+  g_iters = iters;
   moejit_device_info info;
-  CHECK(moejit_ctx_device_info(ctx, &info));
-  printf("# device: %s (%s, %d SMs)\n", info.name, info.arch, info.sm_count);
+  moejit_ctx *ctx = open_ctx(&info);
+  if (csv_path && !(g_csv = fopen(csv_path, "w"))) {
+    perror(csv_path);
+    return 2;
+  }
+  if (g_csv) fputs(csv_header, g_csv);
   moejit_stream stream;
   CHECK(moejit_stream_create(ctx, &stream));
+  if (peers_create(info.ordinal, stream, &g_peers, g_peers_why) == 0)
+    printf("# peers: %s (dense, loop, grouped), bf16 in and out, fp32 sums\n", peers_name(g_peers));
+  else
+    printf("# peers: n/a: %s\n", g_peers_why);
   make_chunk(MOEJIT_DTYPE_BF16);
   for (int i = 0; i < n_presets; i++) bench_preset(ctx, presets[i], tokens, n_tokens, iters, stream);
   print_table();
+  peers_destroy(g_peers);
   moejit_stream_destroy(ctx, stream);
   moejit_ctx_destroy(ctx);
+  if (g_csv && fclose(g_csv)) return perror(csv_path), 1;
   free(g_chunk);
   return 0;
 }
