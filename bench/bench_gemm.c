@@ -51,8 +51,17 @@ static point g_points[MAX_POINTS];
 static moejit_gemm_path g_paths[2] = {MOEJIT_GEMM_PATH_AUTO};
 static int g_n_paths = 1;
 
+/* --path tuned: the tile and path the device's tuned table names for the
+ * point (moejit_tuned_choice; AUTO on the preset's tiles where it names
+ * none), what a loaded model runs. Not a moejit_gemm_path value. */
+#define BENCH_PATH_TUNED ((moejit_gemm_path)100)
+static char g_device[256]; /* the GPU's name, for the tuned table */
+
 static const char *path_name(moejit_gemm_path p) {
-  return p == MOEJIT_GEMM_PATH_MMA ? "mma" : p == MOEJIT_GEMM_PATH_WGMMA ? "wgmma" : "auto";
+  return p == MOEJIT_GEMM_PATH_MMA     ? "mma"
+         : p == MOEJIT_GEMM_PATH_WGMMA ? "wgmma"
+         : p == BENCH_PATH_TUNED       ? "tuned"
+                                       : "auto";
 }
 static int g_n_points;
 static void *g_chunk; /* CHUNK_BYTES of random bf16/fp16 values on the host */
@@ -406,7 +415,19 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, c
     const double flops = 2 * m * n_out * (double)(which == 1 ? d : f);
     const double bytes = active * n_out * (double)(which == 1 ? d : f) * (double)wsz + ac;
     double us[2];
-    for (int i = 0; i < g_n_paths; i++) r.path = g_paths[i], us[i] = time_ours(&r, iters);
+    moejit_spec tuned = *s;
+    for (int i = 0; i < g_n_paths; i++) {
+      r.s = s, r.path = g_paths[i];
+      if (r.path == BENCH_PATH_TUNED) {
+        moejit_gemm_cfg *g = which == 1 ? &tuned.gemm1 : &tuned.gemm2;
+        int path = MOEJIT_GEMM_PATH_AUTO;
+        if (moejit_tuned_choice(g_device, s, which, tokens, g, &path, NULL) != MOEJIT_OK)
+          *g = which == 1 ? s->gemm1 : s->gemm2, path = MOEJIT_GEMM_PATH_AUTO;
+        r.s = &tuned, r.path = (moejit_gemm_path)path;
+      }
+      us[i] = time_ours(&r, iters);
+    }
+    r.s = s;
     peer_times pt = time_peers(&r, iters);
     for (int i = 0; i < g_n_paths; i++)
       report(s->name, which == 1 ? "gemm1" : "gemm2", g_paths[i], tokens, rows, us[i], flops,
@@ -545,16 +566,22 @@ static void print_table(void) {
   print_footer(fallbacks, met);
 }
 
-/* --path: "auto", "mma", "wgmma" or "both" (mma then wgmma). */
+/* --path: "auto", "mma", "wgmma", "tuned", "both" (mma then wgmma) or
+ * "compare" (auto then tuned). */
 static int parse_paths(const char *v) {
   if (!strcmp(v, "both")) {
     g_paths[0] = MOEJIT_GEMM_PATH_MMA, g_paths[1] = MOEJIT_GEMM_PATH_WGMMA, g_n_paths = 2;
+    return 1;
+  }
+  if (!strcmp(v, "compare")) {
+    g_paths[0] = MOEJIT_GEMM_PATH_AUTO, g_paths[1] = BENCH_PATH_TUNED, g_n_paths = 2;
     return 1;
   }
   g_n_paths = 1;
   if (!strcmp(v, "auto")) g_paths[0] = MOEJIT_GEMM_PATH_AUTO;
   else if (!strcmp(v, "mma")) g_paths[0] = MOEJIT_GEMM_PATH_MMA;
   else if (!strcmp(v, "wgmma")) g_paths[0] = MOEJIT_GEMM_PATH_WGMMA;
+  else if (!strcmp(v, "tuned")) g_paths[0] = BENCH_PATH_TUNED;
   else return 0;
   return 1;
 }
@@ -684,7 +711,7 @@ static int smoke_test(void) {
 
 static void usage(void) {
   printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
-         "                         [--path auto|mma|wgmma|both] [--csv FILE] [--smoke]\n"
+         "                         [--path auto|mma|wgmma|tuned|both|compare] [--csv FILE] [--smoke]\n"
          "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] [--gemm2 ...]\n"
          "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
          "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
@@ -694,7 +721,9 @@ static void usage(void) {
          "(cublasGemmGroupedBatchedEx). Floor = max(FLOPs / dense TFLOP/s, bytes / 3.0 TB/s),\n"
          "bytes = active experts' weights + A + C. Prints one table with the targets each row\n"
          "meets or misses (docs/gemm.md); --csv FILE writes the same rows.\n"
-         "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a).\n"
+         "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a);\n"
+         "tuned runs what this GPU's tuned table names for the point (what a loaded model\n"
+         "runs; auto where it names nothing); compare prints an auto and a tuned row.\n"
          "--smoke runs one 64x64x64 tile of each GEMM on each path against a CPU\n"
          "reference and prints the max abs error and the first mismatches (exit 1 on any).\n"
          "Without a GPU it says so and exits 0.\n");
@@ -740,6 +769,7 @@ int main(int argc, char **argv) {
   g_iters = iters;
   moejit_device_info info;
   moejit_ctx *ctx = open_ctx(&info);
+  snprintf(g_device, sizeof g_device, "%s", info.name);
   if (csv_path && !(g_csv = fopen(csv_path, "w"))) {
     perror(csv_path);
     return 2;

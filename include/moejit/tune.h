@@ -193,6 +193,19 @@ MOEJIT_API moejit_status moejit_tune_run(moejit_ctx *ctx, const moejit_sweep *sw
 /* Frees the summary's winners; NULL is a no-op. */
 MOEJIT_API void moejit_tune_summary_free(moejit_tune_summary *summary);
 
+/* The GEMM configuration the tuned table of `device_name` (e.g. the
+ * moejit_device_info name, "NVIDIA H100 80GB HBM3") names for GEMM `which`
+ * (1 or 2) of spec at `tokens` tokens, found as model loading finds it
+ * ($MOEJIT_TUNED_DIR, then the embedded tables; the nearest token bucket):
+ * *cfg and *path (MMA or WGMMA) and *source (TUNED_EXACT or TUNED_NEAREST;
+ * may be NULL). NOT_FOUND, with the reason, when there is no table or no
+ * entry for this shape (then run spec's own tiles with path AUTO); CONFIG
+ * when the table does not parse; INVALID_ARGUMENT for NULL arguments,
+ * which other than 1 or 2, tokens < 1. Host only. */
+MOEJIT_API moejit_status moejit_tuned_choice(const char *device_name, const moejit_spec *spec,
+                                             int which, int64_t tokens, moejit_gemm_cfg *cfg,
+                                             int *path, int *source);
+
 /* The name of a moejit_gemm_path: "auto", "mma", "simt", "wgmma"; "?" for
  * other values. */
 MOEJIT_API const char *moejit_gemm_path_name(int path);

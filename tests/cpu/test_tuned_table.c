@@ -807,3 +807,35 @@ Test(tuned_pick, model_gemm_choice_describes_what_runs) {
   free(m);
   mj_tuned_table_free(&t);
 }
+
+/* moejit_tuned_choice: the public lookup tools and benchmarks use. */
+Test(tuned_device, public_choice_exact_nearest_and_not_found) {
+  moejit_spec s = qwen();
+  char *dir = ts_mkdtemp("tuned-choice");
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  char *path = write_table(dir, "Choice GPU", "Choice GPU", &s, 32);
+  setenv("MOEJIT_TUNED_DIR", dir, 1);
+  moejit_gemm_cfg cfg;
+  int gpath = -1, source = -1;
+  OK(moejit_tuned_choice("Choice GPU", &s, 1, 32, &cfg, &gpath, &source));
+  cr_expect_eq(cfg.tile_m, 64);
+  cr_expect_eq(cfg.tile_n, 128);
+  cr_expect_eq(gpath, MOEJIT_GEMM_PATH_MMA);
+  cr_expect_eq(source, MOEJIT_CONFIG_TUNED_EXACT);
+  OK(moejit_tuned_choice("Choice GPU", &s, 1, 40, &cfg, &gpath, &source));
+  cr_expect_eq(source, MOEJIT_CONFIG_TUNED_NEAREST);
+  /* no gemm2 entry; another device has no table */
+  cr_expect_eq(moejit_tuned_choice("Choice GPU", &s, 2, 32, &cfg, &gpath, &source),
+               MOEJIT_ERR_NOT_FOUND);
+  cr_expect(strstr(moejit_last_error(), "no gemm2 entry"), "%s", moejit_last_error());
+  cr_expect_eq(moejit_tuned_choice("Other GPU", &s, 1, 32, &cfg, &gpath, &source),
+               MOEJIT_ERR_NOT_FOUND);
+  cr_expect_eq(moejit_tuned_choice("Choice GPU", &s, 3, 32, &cfg, &gpath, &source),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_tuned_choice(NULL, &s, 1, 32, &cfg, &gpath, &source),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  unsetenv("MOEJIT_TUNED_DIR");
+  free(path);
+  ts_rmtree(dir);
+  free(dir);
+}
