@@ -122,11 +122,13 @@ __device__ __forceinline__ unsigned mj_cluster_count() {
 __device__ __forceinline__ void mj_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
-// Arrives on the mbarrier at shared offset `bar` of cluster CTA `rank`.
+// Arrives on the mbarrier at shared offset `bar` of cluster CTA `rank`
+// with the default semantics (release at CTA scope): the stage's readers are
+// wgmmas already waited for, so nothing wider needs ordering.
 __device__ __forceinline__ void mj_mbar_arrive_cluster(unsigned bar, unsigned rank) {
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 // Waits until the phase of parity `parity` has completed (a fresh barrier
@@ -356,12 +358,8 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
 // Gives stage `stage` back: to this CTA's producer, or (CM = 2) to both
 // CTAs' producers, whose loads write into both.
 template <int CM> __device__ __forceinline__ void mj_wg_release(unsigned empty_bar) {
-  if constexpr (CM == 1) {
-    mj_mbar_arrive(empty_bar);
-  } else {
-#pragma unroll
-    for (unsigned r = 0; r < (unsigned)CM; ++r) mj_mbar_arrive_cluster(empty_bar, r);
-  }
+  mj_mbar_arrive(empty_bar);
+  if constexpr (CM == 2) mj_mbar_arrive_cluster(empty_bar, mj_cluster_rank() ^ 1u);
 }
 
 // A consumer warpgroup (c = 0 or 1): rows [c * kWgRows, +kWgRows) of the tile
