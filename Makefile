@@ -6,6 +6,9 @@
 #                only compiles the kernels into cache/)
 #   make test    build, then run every test (GPU tests skip without a GPU)
 #   make asan    the CPU tests under AddressSanitizer + UBSan (build-asan/)
+#   make fuzz    FUZZ_MINUTES=N (default 5) of libFuzzer per harness (clang, ASan+UBSan;
+#                build-fuzz/), then executions, coverage and crashes per harness
+#   make fuzz-merge  add the inputs make fuzz found that reach new code to tests/fuzz/corpus/
 #   make clean   remove build/
 BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
@@ -14,8 +17,16 @@ CUDA_BIN := $(firstword $(wildcard $(CUDA_HOME)/bin /usr/local/cuda/bin))
 export PATH := $(if $(CUDA_BIN),$(CUDA_BIN):,)$(PATH)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 CMAKE_FLAGS ?=
+# CUDA::nvrtc drags in the libcuda stub; the library dlopens the driver, so
+# keep it out of sanitized binaries (gcc with ASan and clang would record it
+# and then not start on a machine without a driver).
+AS_NEEDED := -DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--as-needed
+FUZZ_MINUTES ?= 5
+FUZZ_SECONDS ?= $(shell echo $$(( $(FUZZ_MINUTES) * 60 )))
+FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_HARNESSES ?= config cache_entry tuned_table
 
-.PHONY: all deps configure build run test asan clean
+.PHONY: all deps configure build run test asan fuzz-build fuzz fuzz-merge clean
 
 all: build
 
@@ -37,11 +48,37 @@ run: build
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
+# install.consumer links the sanitized library into an unsanitized program,
+# which ASan refuses to start (make test runs it). test_badargs is a GPU test
+# with a no-GPU half (launch checks against a fake driver), run here too.
 asan: deps
 	cmake -S . -B build-asan -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=Debug \
-	  -DMOEJIT_SANITIZE=address,undefined -DMOEJIT_BUILD_BENCH=OFF
+	  -DMOEJIT_SANITIZE=address,undefined -DMOEJIT_BUILD_BENCH=OFF $(AS_NEEDED)
 	cmake --build build-asan -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 ctest --test-dir build-asan -L cpu --output-on-failure -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 ctest --test-dir build-asan -L cpu -E install.consumer \
+	  --output-on-failure -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 ctest --test-dir build-asan -R gpu.test_badargs \
+	  --output-on-failure
+
+# The library is built with coverage instrumentation (fuzzer-no-link) so that
+# libFuzzer sees into it; tests and benchmarks are not needed there.
+fuzz-build:
+	@scripts/install-deps.sh fuzz
+	CC=clang cmake -S . -B $(FUZZ_BUILD_DIR) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMOEJIT_SANITIZE=address,undefined,fuzzer-no-link -DMOEJIT_FUZZ=ON \
+	  -DMOEJIT_BUILD_TESTS=OFF -DMOEJIT_BUILD_BENCH=OFF $(AS_NEEDED)
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_HARNESSES))
+
+fuzz: fuzz-build
+	tests/fuzz/run-fuzzers.sh $(FUZZ_BUILD_DIR) $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
+
+fuzz-merge: fuzz-build
+	for h in $(FUZZ_HARNESSES); do \
+	  mkdir -p $(FUZZ_BUILD_DIR)/fuzz-corpus/$$h && \
+	  $(FUZZ_BUILD_DIR)/tests/fuzz/fuzz_$$h -merge=1 tests/fuzz/corpus/$$h $(FUZZ_BUILD_DIR)/fuzz-corpus/$$h \
+	    >$(FUZZ_BUILD_DIR)/fuzz-merge-$$h.log 2>&1 || exit 1; \
+	  echo "$$h: $$(ls tests/fuzz/corpus/$$h | wc -l) inputs in tests/fuzz/corpus/$$h"; \
+	done
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -1,13 +1,22 @@
 #!/bin/bash
 # Installs the Debian packages moejit builds and tests with, when missing.
 # As root it runs apt-get; otherwise it prints the exact command to run.
+#   scripts/install-deps.sh         build and test (gcc; `make asan` needs nothing more)
+#   scripts/install-deps.sh fuzz    also clang and libFuzzer (`make fuzz`)
 # The CUDA toolkit (nvcc, NVRTC, cuda.h) is not a Debian package here: it
 # must be installed already (/usr/local/cuda or $CUDA_HOME).
 set -euo pipefail
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for pkg in cmake make gcc pkg-config ninja-build libyaml-dev libxxhash-dev libcriterion-dev; do
+pkgs=(cmake make gcc pkg-config ninja-build libyaml-dev libxxhash-dev libcriterion-dev)
+for group in "$@"; do
+  case $group in
+    fuzz) pkgs+=(clang libclang-rt-dev) ;; # libclang-rt-dev: libclang_rt.fuzzer, ASan, UBSan
+    *) echo "install-deps: unknown group '$group' (known: fuzz)" >&2; exit 2 ;;
+  esac
+done
+for pkg in "${pkgs[@]}"; do
   have_pkg "$pkg" || need+=("$pkg")
 done
 

@@ -446,7 +446,7 @@ static moejit_status parse_tree(const tparser *P, const mj_yaml_node *root, mj_t
   moejit_status st = read_map(P, root, "", top_keys, top_required, TK_COUNT, v);
   if (!st) st = parse_header(P, v, t);
   if (!st) st = parse_entries(P, v[TK_ENTRIES], t);
-  if (!st) qsort(t->entries, t->n, sizeof *t->entries, entry_qsort_cmp);
+  if (!st && t->n) qsort(t->entries, t->n, sizeof *t->entries, entry_qsort_cmp);
   return st;
 }
 
