@@ -4,6 +4,8 @@
 #ifndef MOEJIT_CONFIG_H
 #define MOEJIT_CONFIG_H
 
+#include <stdarg.h>
+
 #include "moejit/moejit.h"
 
 /* One-line description used in cache metadata and CLI tables:
@@ -58,6 +60,18 @@ typedef struct mj_yaml_node {
  * "ORIGIN:LINE:COL: ...". */
 moejit_status mj_yaml_parse(const char *text, size_t len, const char *origin, mj_yaml_node **root);
 void mj_yaml_free(mj_yaml_node *node);
+
+/* Helpers every reader of a YAML tree shares (the config loader, tuned
+ * tables, sweeps). */
+/* A plain scalar that YAML reads as null: empty, ~, null, Null, NULL. */
+int mj_yaml_is_null(const mj_yaml_node *n);
+/* What a node is, for "expected X, got Y": "a mapping", "a list", "an empty
+ * value (null)", "'abc'", "the quoted string '2048'". */
+void mj_yaml_describe(const mj_yaml_node *n, char *buf, size_t cap);
+/* CONFIG error "ORIGIN:LINE:COL: PATH: message" at node n (1:1 when n is
+ * NULL; no "PATH: " when path is NULL or empty). */
+moejit_status mj_yaml_vfail(const char *origin, const mj_yaml_node *n, const char *path,
+                            const char *fmt, va_list ap);
 
 /* Every checked field of a spec, for messages and positions. */
 /* clang-format off */

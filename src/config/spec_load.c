@@ -122,36 +122,11 @@ __attribute__((format(printf, 4, 5))) static moejit_status fail_at(const loader 
                                                                    const mj_yaml_node *n,
                                                                    const char *path,
                                                                    const char *fmt, ...) {
-  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  moejit_status st = mj_yaml_vfail(L->origin, n, path, fmt, ap);
   va_end(ap);
-  if (!path || !*path)
-    return mj_fail(MOEJIT_ERR_CONFIG, "%s:%d:%d: %s", L->origin, n->line, n->col, msg);
-  return mj_fail(MOEJIT_ERR_CONFIG, "%s:%d:%d: %s: %s", L->origin, n->line, n->col, path, msg);
-}
-
-static int is_null(const mj_yaml_node *n) {
-  if (n->kind != MJ_YAML_SCALAR || !n->plain) return 0;
-  return n->len == 0 || !strcmp(n->text, "~") || !strcmp(n->text, "null") ||
-         !strcmp(n->text, "Null") || !strcmp(n->text, "NULL");
-}
-
-/* "a mapping", "a list", "an empty value (null)", "'abc'", "the quoted
- * string '2048'": what a node is, for "expected X, got Y". */
-static void describe(const mj_yaml_node *n, char *buf, size_t cap) {
-  char q[256];
-  if (n->kind == MJ_YAML_MAP)
-    snprintf(buf, cap, "a mapping");
-  else if (n->kind == MJ_YAML_SEQ)
-    snprintf(buf, cap, "a list");
-  else if (is_null(n))
-    snprintf(buf, cap, "an empty value (null)");
-  else {
-    mj_quote(q, sizeof q, n->text, n->len);
-    snprintf(buf, cap, n->plain ? "%s" : "the quoted string %s", q);
-  }
+  return st;
 }
 
 /* A quoted scalar that would be a number or boolean without its quotes. */
@@ -167,7 +142,7 @@ static int quoted_value(const mj_yaml_node *n) {
 static moejit_status fail_type(const loader *L, const mj_yaml_node *n, const char *path,
                                const char *expected, const char *allowed) {
   char got[300];
-  describe(n, got, sizeof got);
+  mj_yaml_describe(n, got, sizeof got);
   const char *unquote = quoted_value(n) ? "; HINT: remove the quotes" : "";
   return fail_at(L, n, path, "expected %s, got %s (allowed %s)%s", expected, got, allowed, unquote);
 }
@@ -215,7 +190,7 @@ static void join_names(const char *const *names, size_t n, char *buf, size_t cap
  * "1_000" are refused with a message saying so. */
 static moejit_status parse_int(const loader *L, const mj_yaml_node *n, const char *path,
                                const char *allowed, int64_t *out) {
-  if (n->kind != MJ_YAML_SCALAR || !n->plain || is_null(n))
+  if (n->kind != MJ_YAML_SCALAR || !n->plain || mj_yaml_is_null(n))
     return fail_type(L, n, path, "an integer", allowed);
   const char *p = n->text;
   int neg = *p == '-';
@@ -252,7 +227,7 @@ static moejit_status parse_int(const loader *L, const mj_yaml_node *n, const cha
 
 static moejit_status parse_float(const loader *L, const mj_yaml_node *n, const char *path,
                                  const char *allowed, double *out) {
-  if (n->kind != MJ_YAML_SCALAR || !n->plain || is_null(n))
+  if (n->kind != MJ_YAML_SCALAR || !n->plain || mj_yaml_is_null(n))
     return fail_type(L, n, path, "a number", allowed);
   char *end;
   /* strtod also reads "inf", "nan" and hex floats: allow decimal forms only. */
@@ -267,7 +242,7 @@ static moejit_status parse_bool(const loader *L, const mj_yaml_node *n, const ch
                                 int *out) {
   static const char *const yes[] = {"true", "yes", "on"}, *const no[] = {"false", "no", "off"};
   const char *allowed = "true/false, yes/no, on/off";
-  if (n->kind != MJ_YAML_SCALAR || !n->plain || is_null(n))
+  if (n->kind != MJ_YAML_SCALAR || !n->plain || mj_yaml_is_null(n))
     return fail_type(L, n, path, "a boolean", allowed);
   for (int i = 0; i < 3; i++) {
     if (!strcasecmp(n->text, yes[i])) return *out = 1, MOEJIT_OK;
@@ -279,7 +254,8 @@ static moejit_status parse_bool(const loader *L, const mj_yaml_node *n, const ch
 /* A string scalar without NULs, plain or quoted. */
 static moejit_status get_string(const loader *L, const mj_yaml_node *n, const char *path,
                                 const char *allowed, const char **out) {
-  if (n->kind != MJ_YAML_SCALAR || is_null(n)) return fail_type(L, n, path, "a string", allowed);
+  if (n->kind != MJ_YAML_SCALAR || mj_yaml_is_null(n))
+    return fail_type(L, n, path, "a string", allowed);
   if (strlen(n->text) != n->len)
     return fail_at(L, n, path, "contains a NUL character (allowed %s)", allowed);
   *out = n->text;
@@ -425,7 +401,8 @@ static moejit_status load_value(loader *L, const key_def *k, const char *path,
   mj_field f = (mj_field)k->field;
   int64_t i = 0;
   moejit_status st = MOEJIT_OK;
-  if (!k->required && is_null(v)) return MOEJIT_OK; /* null: the same as leaving the key out */
+  if (!k->required && mj_yaml_is_null(v))
+    return MOEJIT_OK; /* null: the same as leaving the key out */
   if (k->field >= 0) L->marks.field[f] = (mj_mark){v->line, v->col};
   switch (k->type) {
     case K_SECTION:
@@ -510,7 +487,7 @@ static moejit_status find_key(loader *L, const section *sec, const mj_yaml_node 
   char path[384], names[256], hint[96];
   if (key->kind != MJ_YAML_SCALAR) {
     char got[64];
-    describe(key, got, sizeof got);
+    mj_yaml_describe(key, got, sizeof got);
     return fail_at(L, key, sec->path, "a key must be a string, got %s", got);
   }
   key_path(sec, key, path, sizeof path);
@@ -584,13 +561,13 @@ static void commit_wide(loader *L) {
 }
 
 static moejit_status load_root(loader *L, const mj_yaml_node *root) {
-  if (!root || is_null(root))
+  if (!root || mj_yaml_is_null(root))
     return mj_fail(MOEJIT_ERR_CONFIG,
                    "%s:1:1: the config is empty (expected a mapping with the keys %s)", L->origin,
                    "name, model and optionally dtypes, target, kernels, cache");
   if (root->kind != MJ_YAML_MAP) {
     char got[300];
-    describe(root, got, sizeof got);
+    mj_yaml_describe(root, got, sizeof got);
     return fail_at(L, root, NULL,
                    "the top level must be a mapping with the keys name, model, ..., got %s", got);
   }

@@ -209,3 +209,32 @@ moejit_status mj_yaml_parse(const char *text, size_t len, const char *origin, mj
   *root = b.root;
   return MOEJIT_OK;
 }
+
+int mj_yaml_is_null(const mj_yaml_node *n) {
+  if (n->kind != MJ_YAML_SCALAR || !n->plain) return 0;
+  return n->len == 0 || !strcmp(n->text, "~") || !strcmp(n->text, "null") ||
+         !strcmp(n->text, "Null") || !strcmp(n->text, "NULL");
+}
+
+void mj_yaml_describe(const mj_yaml_node *n, char *buf, size_t cap) {
+  char q[256];
+  if (n->kind == MJ_YAML_MAP)
+    snprintf(buf, cap, "a mapping");
+  else if (n->kind == MJ_YAML_SEQ)
+    snprintf(buf, cap, "a list");
+  else if (mj_yaml_is_null(n))
+    snprintf(buf, cap, "an empty value (null)");
+  else {
+    mj_quote(q, sizeof q, n->text, n->len);
+    snprintf(buf, cap, n->plain ? "%s" : "the quoted string %s", q);
+  }
+}
+
+moejit_status mj_yaml_vfail(const char *origin, const mj_yaml_node *n, const char *path,
+                            const char *fmt, va_list ap) {
+  char msg[1024];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  const int has_path = path && *path;
+  return mj_fail(MOEJIT_ERR_CONFIG, "%s:%d:%d: %s%s%s", origin, n ? n->line : 1, n ? n->col : 1,
+                 has_path ? path : "", has_path ? ": " : "", msg);
+}

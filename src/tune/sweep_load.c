@@ -21,25 +21,19 @@ __attribute__((format(printf, 4, 5))) static moejit_status fail_at(const sl *L,
                                                                    const mj_yaml_node *n,
                                                                    const char *path,
                                                                    const char *fmt, ...) {
-  char msg[1024];
+  char key[512] = ""; /* sweep messages name the key as key 'a.b' */
+  if (path && *path) snprintf(key, sizeof key, "key '%s'", path);
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  moejit_status st = mj_yaml_vfail(L->origin, n, key, fmt, ap);
   va_end(ap);
-  int line = n ? n->line : 1, col = n ? n->col : 1;
-  if (!path || !*path) return mj_fail(MOEJIT_ERR_CONFIG, "%s:%d:%d: %s", L->origin, line, col, msg);
-  return mj_fail(MOEJIT_ERR_CONFIG, "%s:%d:%d: key '%s': %s", L->origin, line, col, path, msg);
-}
-
-static int is_null(const mj_yaml_node *n) {
-  return n->kind == MJ_YAML_SCALAR && n->plain &&
-         (n->len == 0 || !strcmp(n->text, "~") || !strcasecmp(n->text, "null"));
+  return st;
 }
 
 static const char *kind_name(const mj_yaml_node *n) {
   if (n->kind == MJ_YAML_MAP) return "a mapping";
   if (n->kind == MJ_YAML_SEQ) return "a list";
-  return is_null(n) ? "an empty value" : "a scalar";
+  return mj_yaml_is_null(n) ? "an empty value" : "a scalar";
 }
 
 /* Rejects keys outside `keys` (naming the allowed ones) and repeated keys. */
@@ -85,7 +79,7 @@ static moejit_status want_map(const sl *L, const mj_yaml_node *n, const char *pa
 /* Decimal integer in [lo, hi]. */
 static moejit_status get_int(const sl *L, const mj_yaml_node *n, const char *path, int64_t lo,
                              int64_t hi, int64_t *out) {
-  if (n->kind != MJ_YAML_SCALAR || !n->plain || is_null(n))
+  if (n->kind != MJ_YAML_SCALAR || !n->plain || mj_yaml_is_null(n))
     return fail_at(L, n, path, "expected an integer, got %s (allowed %lld..%lld)", kind_name(n),
                    (long long)lo, (long long)hi);
   const char *p = n->text + (n->text[0] == '-' || n->text[0] == '+');
@@ -128,7 +122,7 @@ static moejit_status get_bool(const sl *L, const mj_yaml_node *n, const char *pa
 /* A name of [A-Za-z0-9._-], 1..63 characters. */
 static moejit_status get_name(const sl *L, const mj_yaml_node *n, const char *path, char *out) {
   const char *allowed = "1 to 63 characters of A-Z a-z 0-9 . _ -";
-  if (n->kind != MJ_YAML_SCALAR || is_null(n) || n->len == 0 || n->len >= MOEJIT_NAME_MAX ||
+  if (n->kind != MJ_YAML_SCALAR || mj_yaml_is_null(n) || n->len == 0 || n->len >= MOEJIT_NAME_MAX ||
       strlen(n->text) != n->len ||
       strspn(n->text, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
           n->len) {

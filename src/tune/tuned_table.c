@@ -183,45 +183,24 @@ __attribute__((format(printf, 4, 5))) static moejit_status fail_at(const tparser
                                                                    const mj_yaml_node *n,
                                                                    const char *path,
                                                                    const char *fmt, ...) {
-  char msg[768];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  moejit_status st = mj_yaml_vfail(P->origin, n, path, fmt, ap);
   va_end(ap);
-  return mj_fail(MOEJIT_ERR_CONFIG, "%s:%d:%d: %s%s%s", P->origin, n ? n->line : 1, n ? n->col : 1,
-                 path && *path ? path : "", path && *path ? ": " : "", msg);
-}
-
-static int is_null(const mj_yaml_node *n) {
-  return n->kind == MJ_YAML_SCALAR && n->plain &&
-         (n->len == 0 || !strcmp(n->text, "~") || !strcasecmp(n->text, "null"));
-}
-
-static void describe(const mj_yaml_node *n, char *buf, size_t cap) {
-  char q[96];
-  if (n->kind == MJ_YAML_MAP)
-    snprintf(buf, cap, "a mapping");
-  else if (n->kind == MJ_YAML_SEQ)
-    snprintf(buf, cap, "a list");
-  else if (is_null(n))
-    snprintf(buf, cap, "an empty value (null)");
-  else {
-    mj_quote(q, sizeof q, n->text, n->len);
-    snprintf(buf, cap, n->plain ? "%s" : "the quoted string %s", q);
-  }
+  return st;
 }
 
 static moejit_status fail_type(const tparser *P, const mj_yaml_node *n, const char *path,
                                const char *expected) {
   char got[128];
-  describe(n, got, sizeof got);
+  mj_yaml_describe(n, got, sizeof got);
   return fail_at(P, n, path, "expected %s, got %s", expected, got);
 }
 
 /* Plain decimal integers only (no quotes, hex, leading zeros or floats). */
 static moejit_status get_int(const tparser *P, const mj_yaml_node *n, const char *path,
                              int64_t *out) {
-  if (n->kind != MJ_YAML_SCALAR || !n->plain || is_null(n) || n->len != strlen(n->text))
+  if (n->kind != MJ_YAML_SCALAR || !n->plain || mj_yaml_is_null(n) || n->len != strlen(n->text))
     return fail_type(P, n, path, "an integer");
   const char *p = n->text + (n->text[0] == '-');
   size_t digits = strspn(p, "0123456789");
@@ -249,7 +228,7 @@ static moejit_status get_int32(const tparser *P, const mj_yaml_node *n, const ch
 
 static moejit_status get_double(const tparser *P, const mj_yaml_node *n, const char *path,
                                 double *out) {
-  if (n->kind != MJ_YAML_SCALAR || !n->plain || is_null(n) || n->len != strlen(n->text) ||
+  if (n->kind != MJ_YAML_SCALAR || !n->plain || mj_yaml_is_null(n) || n->len != strlen(n->text) ||
       strspn(n->text, "0123456789+-.eE") != n->len)
     return fail_type(P, n, path, "a decimal number");
   char *end;
@@ -262,7 +241,7 @@ static moejit_status get_double(const tparser *P, const mj_yaml_node *n, const c
 /* A string scalar (plain or quoted) that fits in cap bytes with its NUL. */
 static moejit_status get_string(const tparser *P, const mj_yaml_node *n, const char *path,
                                 char *dst, size_t cap) {
-  if (n->kind != MJ_YAML_SCALAR || is_null(n)) return fail_type(P, n, path, "a string");
+  if (n->kind != MJ_YAML_SCALAR || mj_yaml_is_null(n)) return fail_type(P, n, path, "a string");
   if (strlen(n->text) != n->len) return fail_at(P, n, path, "contains a NUL character");
   if (n->len >= cap)
     return fail_at(P, n, path, "is %zu characters long (allowed at most %zu)", n->len, cap - 1);
@@ -274,7 +253,7 @@ static moejit_status get_enum(const tparser *P, const mj_yaml_node *n, const cha
                               const char *const *names, size_t count, size_t *index) {
   char allowed[96], q[96];
   join(names, count, allowed, sizeof allowed);
-  if (n->kind != MJ_YAML_SCALAR || is_null(n))
+  if (n->kind != MJ_YAML_SCALAR || mj_yaml_is_null(n))
     return fail_at(P, n, path, "expected one of %s", allowed);
   for (size_t i = 0; i < count; i++)
     if (strlen(n->text) == n->len && !strcmp(n->text, names[i])) return *index = i, MOEJIT_OK;
@@ -287,7 +266,7 @@ static moejit_status get_int_list(const tparser *P, const mj_yaml_node *n, const
                                   int *out, size_t count, const char *what) {
   if (n->kind != MJ_YAML_SEQ || n->n_items != count) {
     char got[128];
-    describe(n, got, sizeof got);
+    mj_yaml_describe(n, got, sizeof got);
     if (n->kind == MJ_YAML_SEQ) snprintf(got, sizeof got, "a list of %zu", n->n_items);
     return fail_at(P, n, path, "expected a list of %zu integers %s, got %s", count, what, got);
   }
@@ -308,7 +287,7 @@ static moejit_status read_map(const tparser *P, const mj_yaml_node *n, const cha
   join(keys, nkeys, allowed, sizeof allowed);
   if (n->kind != MJ_YAML_MAP) {
     char got[128];
-    describe(n, got, sizeof got);
+    mj_yaml_describe(n, got, sizeof got);
     return fail_at(P, n, path, "expected a mapping with the keys %s, got %s", allowed, got);
   }
   memset(vals, 0, nkeys * sizeof *vals);
