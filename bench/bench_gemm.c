@@ -58,10 +58,7 @@ static int g_n_paths = 1;
 static char g_device[256]; /* the GPU's name, for the tuned table */
 
 static const char *path_name(moejit_gemm_path p) {
-  return p == MOEJIT_GEMM_PATH_MMA     ? "mma"
-         : p == MOEJIT_GEMM_PATH_WGMMA ? "wgmma"
-         : p == BENCH_PATH_TUNED       ? "tuned"
-                                       : "auto";
+  return p == BENCH_PATH_TUNED ? "tuned" : moejit_gemm_path_name(p);
 }
 static int g_n_points;
 static void *g_chunk; /* CHUNK_BYTES of random bf16/fp16 values on the host */

@@ -74,6 +74,10 @@ typedef struct moejit_gemm_args {
   moejit_gemm_path path;          /* 0 (AUTO) unless testing */
 } moejit_gemm_args;
 
+/* The name of a moejit_gemm_path: "auto", "mma", "simt", "wgmma"; "?" for
+ * other values. */
+MOEJIT_API const char *moejit_gemm_path_name(int path);
+
 /* GEMM 1 with SwiGLU: h = silu(a W1_gate^T) * (a W1_up^T) per expert, tiled by
  * spec.gemm1. Errors: INVALID_ARGUMENT (NULL or misaligned pointers,
  * max_rows out of range); UNSUPPORTED (path MMA or WGMMA where it cannot

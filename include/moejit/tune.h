@@ -206,9 +206,6 @@ MOEJIT_API moejit_status moejit_tuned_choice(const char *device_name, const moej
                                              int which, int64_t tokens, moejit_gemm_cfg *cfg,
                                              int *path, int *source);
 
-/* The name of a moejit_gemm_path: "auto", "mma", "simt", "wgmma"; "?" for
- * other values. */
-MOEJIT_API const char *moejit_gemm_path_name(int path);
 
 #ifdef __cplusplus
 }

@@ -7,19 +7,6 @@
 #include "common/common.h"
 #include "ops/ops.h"
 
-static const char *path_text(moejit_gemm_path p) {
-  switch (p) {
-    case MOEJIT_GEMM_PATH_MMA:
-      return "mma";
-    case MOEJIT_GEMM_PATH_WGMMA:
-      return "wgmma";
-    case MOEJIT_GEMM_PATH_SIMT:
-      return "simt";
-    default:
-      return "auto";
-  }
-}
-
 static void cfg_text(const moejit_gemm_cfg *g, char *buf, size_t cap) {
   snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s", g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps,
            g->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "", g->cluster_m == 2 ? " c2" : "",
@@ -110,7 +97,7 @@ static void describe_tuned(const mj_tuned_table *t, const mj_gemm_variants *v,
   for (int i = 0; i < v->n; i++) {
     cfg_text(&v->v[i].cfg, cfg, sizeof cfg);
     mj_buf_printf(&b, "%s T=%lld %s %s", i ? "," : "", (long long)v->v[i].tokens, cfg,
-                  path_text(v->v[i].path));
+                  moejit_gemm_path_name(v->v[i].path));
   }
   if (dropped->len) mj_buf_puts(&b, dropped->data);
   mj_strlcpy(row->config_source, "tuned", sizeof row->config_source);
@@ -216,7 +203,7 @@ static void describe_choice(const moejit_model *m, int which, int64_t tokens,
   } else {
     mj_buf_puts(b, "heuristic");
   }
-  mj_buf_printf(b, ": %s, path %s, entry %s", cfg, path_text(c->path), c->plan.entry);
+  mj_buf_printf(b, ": %s, path %s, entry %s", cfg, moejit_gemm_path_name(c->path), c->plan.entry);
   if (c->fell_back)
     mj_buf_printf(b, " (%s)", c->why);
   else if (row)

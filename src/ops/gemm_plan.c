@@ -316,3 +316,17 @@ const moejit_spec *mj_gemm_kernel_spec(const moejit_spec *spec, int which,
   (void)with_decode_tile(spec, which, scratch);
   return scratch;
 }
+
+const char *moejit_gemm_path_name(int p) {
+  switch ((moejit_gemm_path)p) {
+    case MOEJIT_GEMM_PATH_AUTO:
+      return "auto";
+    case MOEJIT_GEMM_PATH_MMA:
+      return "mma";
+    case MOEJIT_GEMM_PATH_SIMT:
+      return "simt";
+    case MOEJIT_GEMM_PATH_WGMMA:
+      return "wgmma";
+  }
+  return "?";
+}

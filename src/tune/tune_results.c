@@ -18,20 +18,6 @@ const char *mj_tune_status_name(mj_tune_status s) {
   return (unsigned)s < MJ_TS_COUNT ? kStatusNames[s] : "?";
 }
 
-const char *moejit_gemm_path_name(int p) {
-  switch ((moejit_gemm_path)p) {
-    case MOEJIT_GEMM_PATH_AUTO:
-      return "auto";
-    case MOEJIT_GEMM_PATH_MMA:
-      return "mma";
-    case MOEJIT_GEMM_PATH_SIMT:
-      return "simt";
-    case MOEJIT_GEMM_PATH_WGMMA:
-      return "wgmma";
-  }
-  return "?";
-}
-
 moejit_status mj_tune_rows_push(mj_tune_rows *r, const mj_tune_row *row) {
   if (r->n == r->cap) {
     size_t cap = r->cap ? r->cap * 2 : 256;

@@ -49,10 +49,6 @@ static const moejit_gemm_path path_values[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM
 static const char *const raster_names[] = {"along_m", "along_n"};
 static const char *const schedule_names[] = {"cooperative", "pingpong"};
 
-static const char *path_name(moejit_gemm_path p) {
-  return p == MOEJIT_GEMM_PATH_MMA ? "mma" : p == MOEJIT_GEMM_PATH_WGMMA ? "wgmma" : "?";
-}
-
 static void join(const char *const *names, size_t n, char *buf, size_t cap) {
   size_t o = 0;
   if (cap) buf[0] = '\0';
@@ -518,7 +514,7 @@ static void put_entry(mj_buf *b, const mj_tuned_entry *e) {
     mj_buf_printf(b, "cluster: [%d, %d], ", g->cluster_m, g->cluster_n);
   if (g->raster != MOEJIT_RASTER_ALONG_M) mj_buf_printf(b, "raster: %s, ", raster_names[g->raster]);
   if (g->schedule == MOEJIT_SCHEDULE_PINGPONG) mj_buf_puts(b, "schedule: pingpong, ");
-  mj_buf_printf(b, "path: %s, us: ", path_name(e->path));
+  mj_buf_printf(b, "path: %s, us: ", moejit_gemm_path_name(e->path));
   put_double(b, e->us);
   mj_buf_puts(b, ", heuristic_us: ");
   put_double(b, e->heuristic_us);
