@@ -111,17 +111,7 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
 typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts, kSchedule> Gemm1Wg;
-typedef mj_wg_shape<64, 128, 64, 8, kExperts> Gemm1WgNarrow; // gemm_plan.c: MJ_WG_NARROW_*
-// cluster_m 2 (sm_90a): CTA pairs along M share each weight tile by TMA
-// multicast; the entry then carries the cluster shape.
-#if MJ_WGMMA_AVAILABLE && MJ_CLUSTER_M == 2
-static constexpr int kWgCluster = 2;
-// (named like an attribute so that codegen's entry scan reads it as one)
-#define __mj_wg_cluster_dims__(unused) __cluster_dims__(2, 1, 1)
-#else
-static constexpr int kWgCluster = 1;
-#define __mj_wg_cluster_dims__(unused)
-#endif
+typedef mj_wg_narrow<kExperts> Gemm1WgNarrow;
 
 template <class S, int CM>
 __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ h,

@@ -83,6 +83,23 @@ template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0> struct mj
   __device__ static int col(int i) { return i * 8 + (threadIdx.x & 3) * 2; }
 };
 
+// The narrow decode tile: 64 x 128, 8 stages of 64-wide k-tiles, one
+// consumer warpgroup (src/ops/gemm_plan.c: MJ_WG_NARROW_*).
+template <int EXPERTS> using mj_wg_narrow = mj_wg_shape<64, 128, 64, 8, EXPERTS>;
+
+// The spec's cluster_m (MJ_CLUSTER_M, from the GEMM prelude): 2 pairs CTAs
+// along M, which share each weight tile by TMA multicast (sm_90a only); the
+// spec-tile entries then carry the cluster shape through
+// __mj_wg_cluster_dims__, named like an attribute so that codegen's entry
+// scan reads it as one.
+#if MJ_WGMMA_AVAILABLE && MJ_CLUSTER_M == 2
+static constexpr int kWgCluster = 2;
+#define __mj_wg_cluster_dims__(unused) __cluster_dims__(2, 1, 1)
+#else
+static constexpr int kWgCluster = 1;
+#define __mj_wg_cluster_dims__(unused)
+#endif
+
 #if MJ_WGMMA_AVAILABLE
 
 // ---- mbarriers ----------------------------------------------------------
