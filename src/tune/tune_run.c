@@ -346,6 +346,18 @@ static void time_rows(run *r, const mj_tune_group *g, size_t first, size_t end) 
   }
 }
 
+/* The sweep shape of a row (its index) and, if base is non-NULL, the spec
+ * its group runs with: the shape's own tiles, archs set to the target. */
+static int base_spec(const run *r, const mj_tune_row *row, moejit_spec *base) {
+  int shape = 0;
+  while (shape + 1 < r->sw->n_shapes && strcmp(r->sw->shapes[shape].name, row->shape)) shape++;
+  const mj_sweep_shape *sh = &r->sw->shapes[shape];
+  if (base)
+    mj_tune_cand_spec(r->sw, shape, row->which, row->which == 1 ? &sh->spec.gemm1 : &sh->spec.gemm2,
+                      r->be->arch, base);
+  return shape;
+}
+
 static moejit_status add_winner(run *r, size_t first, size_t end) {
   const mj_tune_row *best = NULL, *heur = NULL;
   size_t ok = 0;
@@ -378,12 +390,8 @@ static moejit_status add_winner(run *r, size_t first, size_t end) {
    * explicit twin is among them, so only noise separates the two): the
    * winner is what AUTO runs, so a tuned entry is never the slower choice. */
   if (hus > 0 && hus < best->us) {
-    int shape = 0;
-    while (shape + 1 < r->sw->n_shapes && strcmp(r->sw->shapes[shape].name, best->shape)) shape++;
-    const mj_sweep_shape *sh = &r->sw->shapes[shape];
     moejit_spec base;
-    mj_tune_cand_spec(r->sw, shape, best->which,
-                      best->which == 1 ? &sh->spec.gemm1 : &sh->spec.gemm2, r->be->arch, &base);
+    base_spec(r, best, &base);
     moejit_gemm_cfg cfg;
     moejit_gemm_path path;
     if (mj_tune_heuristic_tile(&base, best->which, best->tokens * best->top_k, r->be->arch, &cfg,
@@ -416,13 +424,11 @@ static void fail_group(run *r, size_t first, size_t end) {
 /* Opens the group's inputs only when something in it is left to time. */
 static moejit_status run_group(run *r, size_t first, size_t end) {
   const mj_tune_row *head = &r->rows.rows[first];
-  int shape = 0;
-  while (strcmp(r->sw->shapes[shape].name, head->shape)) shape++;
+  const int shape = base_spec(r, head, NULL);
   const mj_sweep_shape *sh = &r->sw->shapes[shape];
   if (group_pending(r, first, end) && !r->dead && !over_budget(r)) {
     moejit_spec base;
-    mj_tune_cand_spec(r->sw, shape, head->which,
-                      head->which == 1 ? &sh->spec.gemm1 : &sh->spec.gemm2, r->be->arch, &base);
+    base_spec(r, head, &base);
     int32_t *offsets = malloc(((size_t)sh->spec.experts + 1) * sizeof *offsets);
     uint64_t seed = mj_tune_mix(mj_tune_mix(r->sw->seed, (uint64_t)shape), (uint64_t)head->tokens);
     int active =
