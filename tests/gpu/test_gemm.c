@@ -314,31 +314,50 @@ Test(gemm, routing_edge_cases) {
   moejit_ctx_destroy(ctx);
 }
 
-/* cluster_m 2 on the wgmma path: CTA pairs share each weight tile by TMA
- * multicast. Counts give experts with an odd number of 128-row tiles (the
- * pair's second CTA then has no rows), exact tile multiples, a single row and
- * empty experts, on a narrow grid and a wide one. */
-Test(gemm, wgmma_cluster_pairs) {
-  moejit_ctx *ctx = ctx_or_skip();
-  if (!ctx_is_sm90a(ctx)) {
-    moejit_ctx_destroy(ctx);
-    cr_skip_test("wgmma clusters need an sm_90a device");
-  }
-  const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
-  const moejit_gemm_cfg tiles[] = {cfg(128, 256, 64, 4, 8, 0), cfg(128, 128, 64, 4, 8, 1),
-                                   cfg(64, 256, 64, 4, 8, 0)};
-  for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
-    moejit_spec s = make_spec(264, 200, 8, MOEJIT_DTYPE_BF16, tiles[i]);
-    s.gemm1.cluster_m = s.gemm2.cluster_m = 2;
+/* Both GEMMs (gemm2 with its row scale) of a d x f, 8-expert bf16 spec on
+ * the explicit wgmma path for each tile, with `tweak` applied to both GEMMs'
+ * configs. Counts give experts with an odd number of 128-row tiles, exact
+ * tile multiples, a single row and empty experts. */
+static void run_wgmma_tiles(moejit_ctx *ctx, int64_t d, int64_t f, const moejit_gemm_cfg *tiles,
+                            size_t n, void (*tweak)(moejit_gemm_cfg *), const char *what) {
+  static const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
+  for (size_t i = 0; i < n; i++) {
+    moejit_spec s = make_spec(d, f, 8, MOEJIT_DTYPE_BF16, tiles[i]);
+    tweak(&s.gemm1), tweak(&s.gemm2);
     cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
     for (int which = 1; which <= 2; which++) {
       gemm_case c = {ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, counts, 5, which == 2, tol_of(s.act_dtype)};
-      setenv("MOEJIT_GEMM_WGMMA_NARROW", "0", 1);
       double err = run_case(&c);
-      unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
-      cr_expect(err <= c.tolerance, "tile %d: gemm%d cluster 2: rel error %.3g", (int)i, which, err);
+      cr_expect(err <= c.tolerance, "tile %d: gemm%d %s: rel error %.3g", (int)i, which, what, err);
     }
   }
+}
+
+static moejit_ctx *sm90a_ctx_or_skip(void) {
+  moejit_ctx *ctx = ctx_or_skip();
+  if (!ctx_is_sm90a(ctx)) {
+    moejit_ctx_destroy(ctx);
+    cr_skip_test("the wgmma path needs an sm_90a device");
+  }
+  return ctx;
+}
+
+static void pair_along_m(moejit_gemm_cfg *g) {
+  g->cluster_m = 2;
+}
+
+static void pingpong(moejit_gemm_cfg *g) {
+  g->schedule = MOEJIT_SCHEDULE_PINGPONG;
+}
+
+/* cluster_m 2 on the wgmma path: CTA pairs share each weight tile by TMA
+ * multicast; an expert with an odd number of tiles leaves the pair's second
+ * CTA without rows. */
+Test(gemm, wgmma_cluster_pairs) {
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
+  const moejit_gemm_cfg tiles[] = {cfg(128, 256, 64, 4, 8, 0), cfg(128, 128, 64, 4, 8, 1),
+                                   cfg(64, 256, 64, 4, 8, 0)};
+  run_wgmma_tiles(ctx, 264, 200, tiles, sizeof tiles / sizeof tiles[0], pair_along_m, "cluster 2");
   moejit_ctx_destroy(ctx);
 }
 
@@ -346,23 +365,10 @@ Test(gemm, wgmma_cluster_pairs) {
  * whole tiles (each CTA takes several tiles: odd and even counts per CTA,
  * ragged N and K with more k-tiles than stages, uneven routing). */
 Test(gemm, wgmma_pingpong) {
-  moejit_ctx *ctx = ctx_or_skip();
-  if (!ctx_is_sm90a(ctx)) {
-    moejit_ctx_destroy(ctx);
-    cr_skip_test("the wgmma path needs an sm_90a device");
-  }
-  const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
   const moejit_gemm_cfg tiles[] = {cfg(128, 128, 64, 4, 8, 0), cfg(64, 256, 64, 4, 8, 1),
                                    cfg(64, 128, 128, 3, 8, 0)};
-  for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
-    moejit_spec s = make_spec(1032, 584, 8, MOEJIT_DTYPE_BF16, tiles[i]);
-    s.gemm1.schedule = s.gemm2.schedule = MOEJIT_SCHEDULE_PINGPONG;
-    for (int which = 1; which <= 2; which++) {
-      gemm_case c = {ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, counts, 5, which == 2, tol_of(s.act_dtype)};
-      double err = run_case(&c);
-      cr_expect(err <= c.tolerance, "tile %d: gemm%d pingpong: rel error %.3g", (int)i, which, err);
-    }
-  }
+  run_wgmma_tiles(ctx, 1032, 584, tiles, sizeof tiles / sizeof tiles[0], pingpong, "pingpong");
   /* a tile one warpgroup cannot hold: refused on WGMMA, mma.sync under AUTO */
   moejit_spec big = make_spec(264, 200, 8, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
   big.gemm2.schedule = MOEJIT_SCHEDULE_PINGPONG;
