@@ -258,31 +258,38 @@ Test(tune_engine, outputs_parse_back) {
   moejit_tune_summary_free(&s);
 }
 
-Test(tune_engine, table_reads_back_and_merges) {
-  /* an existing table for the same device with another shape's entry */
+/* Writes the tuned table file `table` for `device` holding one entry: 64x128
+ * mma for another shape (E = 16, k = 4, T = 8) than the sweep's. */
+static void write_one_entry_table(const char *device, const char *kernel, double us) {
   mj_tuned_table t;
   memset(&t, 0, sizeof t);
-  mj_strlcpy(t.device, "Fake GPU 1", sizeof t.device);
+  mj_strlcpy(t.device, device, sizeof t.device);
   mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
-  mj_tuned_entry other = {.kernel = "gemm2",
-                          .dtype = MOEJIT_DTYPE_BF16,
-                          .hidden = 1024,
-                          .expert_width = 512,
-                          .experts = 16,
-                          .top_k = 4,
-                          .tokens = 8,
-                          .cfg = {.tile_m = 64,
-                                  .tile_n = 128,
-                                  .tile_k = 64,
-                                  .stages = 4,
-                                  .warps = 8,
-                                  .cluster_m = 1,
-                                  .cluster_n = 1},
-                          .path = MOEJIT_GEMM_PATH_MMA,
-                          .us = 12.5};
-  cr_assert_eq(mj_tuned_table_put(&t, &other), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tuned_entry e = {.dtype = MOEJIT_DTYPE_BF16,
+                      .hidden = 1024,
+                      .expert_width = 512,
+                      .experts = 16,
+                      .top_k = 4,
+                      .tokens = 8,
+                      .cfg = {.tile_m = 64,
+                              .tile_n = 128,
+                              .tile_k = 64,
+                              .stages = 4,
+                              .warps = 8,
+                              .cluster_m = 1,
+                              .cluster_n = 1},
+                      .path = MOEJIT_GEMM_PATH_MMA,
+                      .us = us};
+  mj_strlcpy(e.kernel, kernel, sizeof e.kernel);
+  cr_assert_eq(mj_tuned_table_put(&t, &e), MOEJIT_OK, "%s", moejit_last_error());
   cr_assert_eq(mj_tuned_table_write(&t, table), MOEJIT_OK, "%s", moejit_last_error());
   mj_tuned_table_free(&t);
+}
+
+Test(tune_engine, table_reads_back_and_merges) {
+  /* an existing table for the same device with another shape's entry */
+  write_one_entry_table("Fake GPU 1", "gemm2", 12.5);
+  mj_tuned_table t;
   fake f = {.wrong_tile_m = 16};
   moejit_tune_summary s;
   cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
@@ -306,29 +313,7 @@ Test(tune_engine, table_reads_back_and_merges) {
 }
 
 Test(tune_engine, table_of_another_device_is_refused) {
-  mj_tuned_table t;
-  memset(&t, 0, sizeof t);
-  mj_strlcpy(t.device, "Some Other GPU", sizeof t.device);
-  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
-  mj_tuned_entry e = {.kernel = "gemm1",
-                      .dtype = MOEJIT_DTYPE_BF16,
-                      .hidden = 1024,
-                      .expert_width = 512,
-                      .experts = 16,
-                      .top_k = 4,
-                      .tokens = 8,
-                      .cfg = {.tile_m = 64,
-                              .tile_n = 128,
-                              .tile_k = 64,
-                              .stages = 4,
-                              .warps = 8,
-                              .cluster_m = 1,
-                              .cluster_n = 1},
-                      .path = MOEJIT_GEMM_PATH_MMA,
-                      .us = 1};
-  cr_assert_eq(mj_tuned_table_put(&t, &e), MOEJIT_OK);
-  cr_assert_eq(mj_tuned_table_write(&t, table), MOEJIT_OK, "%s", moejit_last_error());
-  mj_tuned_table_free(&t);
+  write_one_entry_table("Some Other GPU", "gemm1", 1);
   fake f = {0};
   moejit_tune_summary s;
   cr_assert_eq(run(&f, 0, &s), MOEJIT_ERR_INVALID_ARGUMENT);
