@@ -66,6 +66,11 @@ typedef struct moejit_load_opts {
   /* 1: ignore tuned tables, run the heuristic configuration at every T
    * (as $MOEJIT_TUNED_DISABLE=1 does for every load). */
   int tuned_disable;
+  /* Expert parallelism (moejit/ep.h, docs/ep.md): all zero for one GPU.
+   * With ep.world > 0 the load joins or adopts the NCCL communicator,
+   * places the experts, and JIT-builds the layer's kernels for this rank's
+   * local experts only (the router for all of them). */
+  moejit_ep_opts ep;
 } moejit_load_opts;
 
 /* Zeroes opts (no report pointer, tuned tables used). */
@@ -145,6 +150,22 @@ typedef struct moejit_moe_args {
    * [T, k], as moejit_route writes it; 4-byte aligned. */
   int32_t *topk_ids;
   float *topk_weights;
+  /* Expert-parallel models only (docs/ep.md); ignored otherwise.
+   * ep_capacity: rows each rank sends to each peer.
+   *   0: exact. Ranks first exchange their counts, the host waits for them
+   *      (one stream synchronization per forward; cannot be captured in a
+   *      CUDA graph) and exactly the routed rows move.
+   *   > 0: fixed capacity, the same on every rank. Nothing waits on the
+   *      host, so the forward can be captured and replayed. A token whose
+   *      experts on a peer would be its (capacity+1)-th row to that peer is
+   *      not sent there: those experts add nothing to its output, and the
+   *      number of such (token, rank) pairs goes to *ep_dropped. Capacity
+   *      >= the largest T of any rank drops nothing.
+   * ep_dropped: NULL or a device int32 [1], written every forward.
+   * ep_events: NULL or MOEJIT_EP_EVENTS events of the model's ctx. */
+  int64_t ep_capacity;
+  int32_t *ep_dropped;
+  moejit_event *ep_events;
 } moejit_moe_args;
 
 /* Bytes of workspace a forward of up to max_tokens tokens needs (a

@@ -348,6 +348,7 @@ MOEJIT_API moejit_status moejit_parse_size(const char *text, uint64_t *bytes);
 #include "moejit/runtime.h"
 #include "moejit/ops.h"
 #include "moejit/gemm.h"
+#include "moejit/ep.h"
 #include "moejit/layer.h"
 #include "moejit/tune.h"
 

@@ -34,6 +34,18 @@ static void run_usage(FILE *f) {
       "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, ~/.cache/moejit)\n"
       "  --json             print one JSON object instead of tables\n"
       "\n"
+      "expert parallelism (docs/ep.md; needs NCCL):\n"
+      "  --ep N             spread the experts over N ranks, one process per GPU: starts\n"
+      "                     N ranks on this machine (rank r on GPU r), checks each\n"
+      "                     against the one-GPU layer and float64, and times it beside\n"
+      "                     the one-GPU layer and NCCL's own all-to-all\n"
+      "  --ep-rank R        run only rank R (ranks on several machines), with:\n"
+      "  --ep-id-file PATH  where rank 0 writes the NCCL id and the others read it (a\n"
+      "                     fresh path on a file system all ranks share)\n"
+      "  --ep-device D      this rank's GPU (default: R modulo the GPU count)\n"
+      "  --ep-route MODE    uniform (default), one-rank (every token's experts on rank\n"
+      "                     0) or idle-rank (the last rank has no tokens)\n"
+      "\n"
       "exit codes: 0 ok (or no GPU), 1 runtime or check failure, 2 usage or config error\n",
       moejit_default_preset());
 }
@@ -70,11 +82,43 @@ static int parse_args(int argc, char **argv, run_args *a) {
       if (bad || !parse_tokens(v, a)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--iters", &v, &bad)) {
       if (bad || !cli_parse_int("--iters", v, 1, 100000, &a->iters)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--ep", &v, &bad)) {
+      if (bad || !cli_parse_int("--ep", v, 1, MOEJIT_EP_MAX_WORLD, &a->ep)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--ep-rank", &v, &bad)) {
+      if (bad || !cli_parse_int("--ep-rank", v, 0, MOEJIT_EP_MAX_WORLD - 1, &a->ep_rank))
+        return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--ep-device", &v, &bad)) {
+      if (bad || !cli_parse_int("--ep-device", v, 0, 1023, &a->ep_device)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--ep-id-file", &a->ep_id_file, &bad) ||
+               cli_opt_value(argc, argv, &i, "--ep-route", &a->ep_route, &bad)) {
+      if (bad) return CLI_EXIT_USAGE;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
     } else if ((rc = cli_positional(argv[i], &a->config, "run"))) {
       return rc;
     }
+  }
+  if (!a->ep && (a->ep_rank >= 0 || a->ep_id_file || a->ep_route || a->ep_device >= 0)) {
+    fprintf(stderr, "moejit: --ep-rank, --ep-id-file, --ep-device and --ep-route need --ep N\n");
+    return CLI_EXIT_USAGE;
+  }
+  if (a->ep_rank >= a->ep && a->ep) {
+    fprintf(stderr, "moejit: --ep-rank %d is outside 0..%d (--ep %d)\n", a->ep_rank, a->ep - 1,
+            a->ep);
+    return CLI_EXIT_USAGE;
+  }
+  if (a->ep_rank >= 0 && !a->ep_id_file) {
+    fprintf(stderr,
+            "moejit: --ep-rank needs --ep-id-file PATH (rank 0 writes the NCCL id there, the "
+            "others read it)\n");
+    return CLI_EXIT_USAGE;
+  }
+  if (!a->ep_route) a->ep_route = "uniform";
+  if (strcmp(a->ep_route, "uniform") && strcmp(a->ep_route, "one-rank") &&
+      strcmp(a->ep_route, "idle-rank")) {
+    fprintf(stderr, "moejit: --ep-route '%s' (allowed: uniform, one-rank, idle-rank)\n",
+            a->ep_route);
+    return CLI_EXIT_USAGE;
   }
   if (!a->n_tokens) {
     a->n_tokens = (int)(sizeof default_tokens / sizeof default_tokens[0]);
@@ -168,7 +212,7 @@ static int run_without_gpu(const run_args *a, const moejit_spec *s, const char *
 }
 
 int cli_run(int argc, char **argv) {
-  run_args a = {.iters = 20};
+  run_args a = {.iters = 20, .ep_rank = -1, .ep_device = -1};
   int rc = parse_args(argc, argv, &a);
   if (rc == -1) {
     run_usage(stdout);
@@ -185,5 +229,5 @@ int cli_run(int argc, char **argv) {
              st != MOEJIT_OK ? moejit_last_error() : "the CUDA driver reports no device");
     return run_without_gpu(&a, &spec, why);
   }
-  return run_on_gpu(&a, &spec);
+  return a.ep ? run_ep(&a, &spec, argc, argv) : run_on_gpu(&a, &spec);
 }

@@ -12,6 +12,9 @@ typedef struct run_args {
   int json, iters;
   int64_t tokens[16];
   int n_tokens;
+  /* --ep N: expert parallelism over N ranks (run_ep.c); 0: one GPU */
+  int ep, ep_rank, ep_device; /* ep_rank -1: launch all ranks here */
+  const char *ep_id_file, *ep_route;
 } run_args;
 
 /* Monotonic clock, milliseconds. */
@@ -19,5 +22,9 @@ double run_now_ms(void);
 
 /* Runs every token count of `a` on the first GPU; returns the exit code. */
 int run_on_gpu(const run_args *a, const moejit_spec *spec);
+
+/* `moejit run --ep N` (run_ep.c): launches the ranks, or runs one
+ * (--ep-rank); argc/argv are the run command's own, for the ranks. */
+int run_ep(const run_args *a, const moejit_spec *spec, int argc, char **argv);
 
 #endif

@@ -27,9 +27,16 @@ const char *const *moejit_kernel_families(void) {
   return mj_kernel_families;
 }
 
+/* Families outside the single-GPU layer: "ep", the kernels around the
+ * all-to-all of an expert-parallel layer (src/dist/). */
+const char *const mj_extra_families[] = {"ep", NULL};
+
 static int family_index(const char *family) {
-  for (int i = 0; mj_kernel_families[i]; i++)
-    if (strcmp(mj_kernel_families[i], family) == 0) return i;
+  int n = 0;
+  for (; mj_kernel_families[n]; n++)
+    if (strcmp(mj_kernel_families[n], family) == 0) return n;
+  for (int i = 0; mj_extra_families[i]; i++)
+    if (strcmp(mj_extra_families[i], family) == 0) return n + i;
   return -1;
 }
 
@@ -38,6 +45,8 @@ static void known_families(char *buf, size_t cap) {
   size_t used = 0;
   for (int i = 0; mj_kernel_families[i] && used < cap; i++)
     used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", mj_kernel_families[i]);
+  for (int i = 0; mj_extra_families[i] && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, ", %s", mj_extra_families[i]);
 }
 
 /* ------------------------------------------------------------------------ */

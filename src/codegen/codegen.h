@@ -21,6 +21,8 @@ typedef struct mj_kernel_source {
 
 /* Families with a template, in layer order; NULL-terminated. */
 extern const char *const mj_kernel_families[];
+/* Families built only for expert-parallel models: {"ep", NULL}. */
+extern const char *const mj_extra_families[];
 
 /* Generates the source for one family. template_dir NULL: embedded
  * templates (after $MOEJIT_TEMPLATE_DIR). NOT_FOUND for an unknown family

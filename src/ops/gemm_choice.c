@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "dist/ep.h"
 #include "ops/ops.h"
 
 static void cfg_text(const moejit_gemm_cfg *g, char *buf, size_t cap) {
@@ -219,6 +220,7 @@ moejit_status moejit_model_gemm_choice(const moejit_model *model, const char *ke
                                                          : 0;
   if (!model || !kernel)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, model ? "kernel" : "model");
+  if (model->ep) model = model->ep->local; /* its GEMMs run on the local layer */
   if (!which)
     return mj_model_fail(
         model, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "common/common.h"
+#include "dist/ep.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
 
@@ -122,6 +123,7 @@ static moejit_status check_layer_model(const moejit_model *m, const char *op) {
 moejit_status moejit_moe_workspace_size(const moejit_model *model, int64_t max_tokens,
                                         size_t *bytes) {
   const char *op = "moejit_moe_workspace_size";
+  if (model && model->ep) return mj_ep_workspace_size(model, max_tokens, bytes);
   moejit_status st = check_layer_model(model, op);
   if (st) return st;
   if (!bytes)
@@ -140,7 +142,7 @@ double moejit_moe_flops(const moejit_spec *spec, int64_t tokens) {
 
 /* ---- forward ------------------------------------------------------------ */
 
-static moejit_status check_pointers(const moejit_model *m, const moejit_moe_args *a) {
+moejit_status mj_moe_check_pointers(const moejit_model *m, const moejit_moe_args *a) {
   static const char *op = "moejit_moe_forward";
   const struct {
     const char *name;
@@ -171,6 +173,25 @@ typedef struct gemm_choices {
   mj_gemm_choice gemm[2];
 } gemm_choices;
 
+static moejit_status choose_gemms(const moejit_model *m, const char *op, int64_t tokens,
+                                  gemm_choices *c) {
+  for (int which = 1; which <= 2; which++) {
+    moejit_status st = mj_gemm_choose(&m->spec, &m->gemm_variants[which - 1], which, tokens,
+                                      mj_ctx_arch(m->ctx), &c->gemm[which - 1]);
+    if (st) return mj_model_fail(m, mj_fail_prefix(st, "%s", op));
+  }
+  return MOEJIT_OK;
+}
+
+static moejit_status check_workspace(const moejit_model *m, const char *op, int64_t tokens,
+                                     size_t have, const ws_layout *l) {
+  if (have >= l->total) return MOEJIT_OK;
+  return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                  "%s: args->workspace_bytes = %zu, but %lld tokens need %zu; "
+                                  "HINT: size it with moejit_moe_workspace_size",
+                                  op, have, (long long)tokens, l->total));
+}
+
 /* Everything a launch could refuse, checked before the first launch so a
  * bad argument enqueues nothing; the GEMMs are planned with the very
  * configuration the launches will use. */
@@ -180,36 +201,22 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
   moejit_status st = check_layer_model(m, op);
   if (st) return st;
   if (!a) return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: args is NULL", op));
-  if ((st = mj_check_tokens(m, op, a->tokens)) || (st = check_pointers(m, a))) return st;
+  if ((st = mj_check_tokens(m, op, a->tokens)) || (st = mj_moe_check_pointers(m, a))) return st;
   if ((st = layout_for(m, a->tokens, l))) return st;
-  if (a->workspace_bytes < l->total)
-    return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                                    "%s: args->workspace_bytes = %zu, but %lld tokens need %zu; "
-                                    "HINT: size it with moejit_moe_workspace_size",
-                                    op, a->workspace_bytes, (long long)a->tokens, l->total));
-  for (int which = 1; which <= 2; which++)
-    if ((st = mj_gemm_choose(&m->spec, &m->gemm_variants[which - 1], which, a->tokens,
-                             mj_ctx_arch(m->ctx), &c->gemm[which - 1])))
-      return mj_model_fail(m, mj_fail_prefix(st, "%s", op));
-  return MOEJIT_OK;
+  if ((st = check_workspace(m, op, a->tokens, a->workspace_bytes, l))) return st;
+  return choose_gemms(m, op, a->tokens, c);
 }
 
 #define AT(base, off) ((void *)((char *)(base) + (off)))
 
-static moejit_status launch_route_align(const moejit_model *m, const moejit_moe_args *a,
-                                        const ws_layout *l, int32_t *ids, float *weights,
-                                        moejit_stream stream) {
-  moejit_route_args r = {.tokens = a->tokens,
-                         .logits = a->logits,
-                         .bias = a->route_bias,
+/* Align, the two GEMMs and combine, routing given (ids, weights). */
+static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const void *x,
+                                    const int32_t *ids, const float *weights, const void *w1,
+                                    const void *w2, void *out, void *ws, const ws_layout *l,
+                                    const gemm_choices *c, moejit_stream stream) {
+  moejit_align_args g = {.tokens = tokens,
                          .topk_ids = ids,
-                         .topk_weights = weights};
-  moejit_status st = moejit_route(m, &r, stream);
-  if (st) return st;
-  void *ws = a->workspace;
-  moejit_align_args g = {.tokens = a->tokens,
-                         .topk_ids = ids,
-                         .x = a->x,
+                         .x = x,
                          .xs = AT(ws, l->xs_y),
                          .expert_counts = AT(ws, l->counts),
                          .expert_offsets = AT(ws, l->offsets),
@@ -220,35 +227,51 @@ static moejit_status launch_route_align(const moejit_model *m, const moejit_moe_
                          .num_tiles = AT(ws, l->num_tiles),
                          .workspace = AT(ws, l->align_ws),
                          .workspace_bytes = l->align_bytes};
-  return moejit_align(m, &g, stream);
-}
-
-static moejit_status launch_gemms(const moejit_model *m, const moejit_moe_args *a,
-                                  const ws_layout *l, const gemm_choices *c,
-                                  moejit_stream stream) {
-  void *ws = a->workspace;
+  moejit_status st = moejit_align(m, &g, stream);
+  if (st) return st;
   const int32_t *offsets = AT(ws, l->offsets);
-  const int64_t rows = a->tokens * m->spec.top_k;
+  const int64_t rows = tokens * m->spec.top_k;
   moejit_gemm_args g1 = {.a = AT(ws, l->xs_y),
-                         .w = a->w1,
+                         .w = w1,
                          .out = AT(ws, l->h),
                          .expert_offsets = offsets,
                          .max_rows = rows,
                          .path = c->gemm[0].path};
-  moejit_status st = moejit_gemm1_swiglu(m->ctx, c->gemm[0].spec, &g1, stream);
-  if (st) return st;
+  if ((st = moejit_gemm1_swiglu(m->ctx, c->gemm[0].spec, &g1, stream))) return st;
   moejit_gemm_args g2 = {.a = AT(ws, l->h),
-                         .w = a->w2,
+                         .w = w2,
                          .out = AT(ws, l->xs_y), /* y over xs, which GEMM 1 consumed */
                          .expert_offsets = offsets,
                          .row_scale = NULL, /* top-k weights go in combine */
                          .max_rows = rows,
                          .path = c->gemm[1].path};
-  return moejit_gemm2(m->ctx, c->gemm[1].spec, &g2, stream);
+  if ((st = moejit_gemm2(m->ctx, c->gemm[1].spec, &g2, stream))) return st;
+  moejit_combine_args cb = {.tokens = tokens,
+                            .y = AT(ws, l->xs_y),
+                            .row_of = AT(ws, l->row_of),
+                            .weights = weights,
+                            .out = out};
+  return moejit_combine(m, &cb, stream);
+}
+
+moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *x,
+                             const int32_t *ids, const float *weights, const void *w1,
+                             const void *w2, void *out, void *ws, size_t ws_bytes,
+                             moejit_stream stream) {
+  static const char *op = "moejit_moe_forward (local experts)";
+  ws_layout l;
+  gemm_choices c;
+  moejit_status st = mj_check_tokens(m, op, tokens);
+  if (!st) st = layout_for(m, tokens, &l);
+  if (!st) st = check_workspace(m, op, tokens, ws_bytes, &l);
+  if (!st) st = choose_gemms(m, op, tokens, &c);
+  if (st) return st;
+  return launch_experts(m, tokens, x, ids, weights, w1, w2, out, ws, &l, &c, stream);
 }
 
 moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_args *args,
                                  moejit_stream stream) {
+  if (model && model->ep) return mj_ep_forward(model, args, stream);
   ws_layout l;
   gemm_choices choices;
   moejit_status st = check_forward(model, args, &l, &choices);
@@ -256,12 +279,12 @@ moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_arg
   void *ws = args->workspace;
   int32_t *ids = args->topk_ids ? args->topk_ids : AT(ws, l.ids);
   float *weights = args->topk_weights ? args->topk_weights : AT(ws, l.weights);
-  if ((st = launch_route_align(model, args, &l, ids, weights, stream))) return st;
-  if ((st = launch_gemms(model, args, &l, &choices, stream))) return st;
-  moejit_combine_args c = {.tokens = args->tokens,
-                           .y = AT(ws, l.xs_y),
-                           .row_of = AT(ws, l.row_of),
-                           .weights = weights,
-                           .out = args->out};
-  return moejit_combine(model, &c, stream);
+  moejit_route_args r = {.tokens = args->tokens,
+                         .logits = args->logits,
+                         .bias = args->route_bias,
+                         .topk_ids = ids,
+                         .topk_weights = weights};
+  if ((st = moejit_route(model, &r, stream))) return st;
+  return launch_experts(model, args->tokens, args->x, ids, weights, args->w1, args->w2, args->out,
+                        ws, &l, &choices, stream);
 }

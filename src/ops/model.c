@@ -10,6 +10,7 @@
 
 #include "common/common.h"
 #include "compile/compile.h"
+#include "dist/ep.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
 
@@ -27,6 +28,10 @@ static const kernel_entry kernel_entries[] = {
     {MJ_OPS_ALIGN, "align", "moejit_align_scan", offsetof(moejit_model, align_scan)},
     {MJ_OPS_ALIGN, "align", "moejit_align_scatter", offsetof(moejit_model, align_scatter)},
     {MJ_OPS_COMBINE, "combine", "moejit_combine_rows", offsetof(moejit_model, combine)},
+    {MJ_OPS_EP, "ep", "moejit_ep_mask", offsetof(moejit_model, ep_mask)},
+    {MJ_OPS_EP, "ep", "moejit_ep_scan", offsetof(moejit_model, ep_scan)},
+    {MJ_OPS_EP, "ep", "moejit_ep_pack", offsetof(moejit_model, ep_pack)},
+    {MJ_OPS_EP, "ep", "moejit_ep_combine", offsetof(moejit_model, ep_combine)},
 };
 
 /* Valid specs these kernels still cannot run (the route kernel keeps a
@@ -73,13 +78,14 @@ static const struct {
                      {MJ_OPS_ALIGN, "align"},
                      {MJ_OPS_GEMM1, "gemm1"},
                      {MJ_OPS_GEMM2, "gemm2"},
-                     {MJ_OPS_COMBINE, "combine"}};
+                     {MJ_OPS_COMBINE, "combine"},
+                     {MJ_OPS_EP, "ep"}};
 
 /* The launch shape a memory-bound family is built with, for the report. */
 static void describe_config(const moejit_spec *s, unsigned bit, moejit_load_kernel *row) {
   int threads = bit == MJ_OPS_ROUTE   ? s->route.block_threads
                 : bit == MJ_OPS_ALIGN ? s->align.block_threads
-                                      : s->combine.block_threads;
+                                      : s->combine.block_threads; /* combine and ep */
   snprintf(row->config, sizeof row->config, "block %d", threads);
   mj_strlcpy(row->config_source, "heuristic", sizeof row->config_source);
   mj_strlcpy(row->config_detail, "kernels section of the config, else the built-in defaults",
@@ -160,7 +166,7 @@ static moejit_status load_functions(moejit_model *m, unsigned families) {
   moejit_status st;
   if ((families & MJ_OPS_GEMM1) && (st = resolve_gemm(m, 1))) return st;
   if ((families & MJ_OPS_GEMM2) && (st = resolve_gemm(m, 2))) return st;
-  m->families = families & MJ_OPS_LAYER;
+  m->families = families & (MJ_OPS_LAYER | MJ_OPS_EP);
   return MOEJIT_OK;
 }
 
@@ -335,6 +341,14 @@ moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsig
   if (out) *out = NULL;
   moejit_status st = check_load_args(ctx, spec, out);
   if (st) return st;
+  if (opts && opts->ep.world > 0) {
+    if (families != MJ_OPS_LAYER)
+      return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                      "moejit_model_load: expert parallelism (opts.ep) needs a "
+                                      "whole layer; HINT: load with moejit_model_load_config or "
+                                      "moejit_model_load_spec"));
+    return mj_ep_model_load(ctx, spec, origin, opts, out);
+  }
   mj_device_limits limits;
   if ((st = mj_ctx_limits(ctx, &limits))) return st;
 
@@ -382,6 +396,7 @@ moejit_status moejit_model_load_report(const moejit_model *model, moejit_load_re
 }
 
 void moejit_model_destroy(moejit_model *model) {
+  if (model && model->ep) mj_ep_free(model->ctx, model->ep);
   free(model);
 }
 

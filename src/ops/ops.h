@@ -22,8 +22,12 @@ enum {
   MJ_OPS_GEMM1 = 1u << 3,
   MJ_OPS_GEMM2 = 1u << 4,
   /* A whole layer (moejit_model_load_spec / _config, moejit_moe_forward). */
-  MJ_OPS_LAYER = MJ_OPS_ALL | MJ_OPS_GEMM1 | MJ_OPS_GEMM2
+  MJ_OPS_LAYER = MJ_OPS_ALL | MJ_OPS_GEMM1 | MJ_OPS_GEMM2,
+  /* The kernels around an expert-parallel all-to-all (templates/ep.cu). */
+  MJ_OPS_EP = 1u << 5
 };
+
+struct mj_ep;
 
 /* ---- tuned GEMM variants (gemm_choice.c) ------------------------------- */
 
@@ -87,6 +91,11 @@ struct moejit_model {
   CUfunction route_topk;
   CUfunction align_count, align_scan, align_scatter;
   CUfunction combine;
+  CUfunction ep_mask, ep_scan, ep_pack, ep_combine;
+  /* Expert parallelism (src/dist/ep.h); NULL on one GPU. An ep model holds
+   * the router and the ep kernels for the global spec; ep->local holds the
+   * rest of the layer for this rank's experts. */
+  struct mj_ep *ep;
   moejit_load_report report; /* what the load did (moejit_model_load_report) */
   mj_gemm_variants gemm_variants[2]; /* tuned variants of gemm1, gemm2 (n 0: heuristic) */
 };
@@ -111,6 +120,20 @@ moejit_status mj_model_load_reported(moejit_ctx *ctx, const moejit_spec *spec, u
 moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsigned families,
                                  const char *origin, const moejit_load_opts *opts,
                                  moejit_model **out);
+
+/* The pointer checks of moejit_moe_forward (layer.c), shared with the
+ * expert-parallel forward. */
+moejit_status mj_moe_check_pointers(const moejit_model *m, const moejit_moe_args *a);
+
+/* The expert half of a layer on `m` (a whole layer, or an ep model's local
+ * layer): align -> GEMM 1 + SwiGLU -> GEMM 2 -> combine of `tokens` tokens
+ * whose routing is given (ids [T, k] of m's experts, -1: none; weights
+ * [T, k]). ws: moejit_moe_workspace_size(m, tokens) bytes. Checks the
+ * GEMM plans and the workspace before the first launch. */
+moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *x,
+                             const int32_t *ids, const float *weights, const void *w1,
+                             const void *w2, void *out, void *ws, size_t ws_bytes,
+                             moejit_stream stream);
 
 /* Records the failure on the model's ctx too and returns `status`. */
 moejit_status mj_model_fail(const moejit_model *model, moejit_status status);

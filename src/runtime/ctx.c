@@ -157,6 +157,18 @@ unsigned long mj_ctx_module_loads(moejit_ctx *ctx) {
   return ctx ? atomic_load(&ctx->module_loads) : 0;
 }
 
+int mj_ctx_stream_capturing(moejit_ctx *ctx, moejit_stream stream) {
+  if (!ctx || !ctx->d->StreamIsCapturing || mj_ctx_enter(ctx) != MOEJIT_OK) return 0;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = ctx->d->StreamIsCapturing((CUstream)stream, &status);
+  mj_ctx_leave(ctx);
+  return r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+const struct mj_driver *mj_ctx_driver(const moejit_ctx *ctx) {
+  return ctx ? ctx->d : NULL;
+}
+
 moejit_status mj_ctx_enter(moejit_ctx *ctx) {
   return mj_ctx_fail(ctx, mj_cu_check(ctx->d->CtxPushCurrent(ctx->cu), "cuCtxPushCurrent"));
 }

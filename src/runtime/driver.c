@@ -78,6 +78,7 @@ static const driver_symbol driver_symbols[] = {
         MJ_DRIVER_ABI_VERSION),
     OPT(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters",
         "cuOccupancyMaxActiveClusters", MJ_DRIVER_ABI_VERSION),
+    OPT(StreamIsCapturing, "cuStreamIsCapturing", "cuStreamIsCapturing", MJ_DRIVER_ABI_VERSION),
 };
 
 /* Outcome of the one-time load and init, replayed to every caller. */

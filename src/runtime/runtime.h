@@ -60,6 +60,14 @@ moejit_status mj_ctx_launch_cluster(moejit_ctx *ctx, CUfunction fn, const unsign
                                     const unsigned block[3], const unsigned cluster[3],
                                     unsigned smem_bytes, moejit_stream stream, void **args);
 
+/* 1 when `stream` is being captured into a CUDA graph (0 when the driver
+ * cannot say). */
+int mj_ctx_stream_capturing(moejit_ctx *ctx, moejit_stream stream);
+
+/* The ctx's driver table (for the few callers outside src/runtime that
+ * need a raw driver call, e.g. cuStreamSynchronize around NCCL). */
+const struct mj_driver *mj_ctx_driver(const moejit_ctx *ctx);
+
 /* Records the calling thread's last error message (moejit_last_error())
  * as the context's last error too (ops call this on failure paths they
  * report). ctx NULL is a no-op. */
@@ -141,6 +149,7 @@ typedef struct mj_driver {
   PFN_cuFuncGetParamInfo_v12040 FuncGetParamInfo;
   PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncodeTiled; /* TMA descriptors (gemm wgmma path) */
   PFN_cuOccupancyMaxActiveClusters_v11070 OccupancyMaxActiveClusters; /* persistent clusters */
+  PFN_cuStreamIsCapturing_v10000 StreamIsCapturing; /* expert parallelism's exact mode */
 } mj_driver;
 
 /* Loads libcuda and resolves the table, once per process (thread-safe).

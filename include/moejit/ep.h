@@ -1,0 +1,117 @@
+/* moejit expert parallelism: one MoE layer spread over several GPUs, each
+ * rank holding a share of the experts, tokens moved between ranks with NCCL
+ * send/recv grouped as an all-to-all. Included by moejit/moejit.h before
+ * layer.h (the load options and the forward's arguments carry the fields
+ * below); the design, the buffer layouts and the launch recipes are in
+ * docs/ep.md.
+ *
+ * NCCL is loaded at run time (libnccl.so.2, or $MOEJIT_NCCL_LIBRARY): the
+ * library starts without it and only these calls need it; they return
+ * MOEJIT_ERR_UNSUPPORTED with a hint when it is absent. */
+#ifndef MOEJIT_EP_H
+#define MOEJIT_EP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moejit/moejit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most ranks one layer may span. */
+#define MOEJIT_EP_MAX_WORLD 64
+
+/* NCCL's unique id (ncclUniqueId, 128 bytes): made once by one process,
+ * handed to every rank, used by each to join the communicator. */
+typedef struct moejit_nccl_id {
+  unsigned char bytes[128];
+} moejit_nccl_id;
+
+/* NCCL's version code (e.g. 22803 for 2.28.3). UNSUPPORTED (with what
+ * failed and how to provide NCCL) when it cannot be loaded. */
+MOEJIT_API moejit_status moejit_nccl_version(int *version);
+
+/* A new unique id (ncclGetUniqueId). Call it in one process only. */
+MOEJIT_API moejit_status moejit_nccl_unique_id(moejit_nccl_id *id);
+
+/* The id as 256 lowercase hex digits plus NUL (cap >= 257), to pass through
+ * an environment variable or a command line. Needs no NCCL. */
+MOEJIT_API moejit_status moejit_nccl_id_format(const moejit_nccl_id *id, char *buf, size_t cap);
+
+/* Parses 256 hex digits (either case; surrounding white space allowed).
+ * INVALID_ARGUMENT naming the first bad character or the wrong length. */
+MOEJIT_API moejit_status moejit_nccl_id_parse(const char *text, moejit_nccl_id *id);
+
+/* Writes the id to `path` as hex, atomically (a temporary file renamed into
+ * place), so a reader never sees half of it: the way ranks on several
+ * machines share it through a shared file system. */
+MOEJIT_API moejit_status moejit_nccl_id_write_file(const char *path, const moejit_nccl_id *id);
+
+/* Reads an id written by moejit_nccl_id_write_file, waiting up to
+ * timeout_ms for the file to appear (0: no wait). NOT_FOUND on timeout,
+ * INVALID_ARGUMENT for a file that holds no id. */
+MOEJIT_API moejit_status moejit_nccl_id_read_file(const char *path, int timeout_ms,
+                                                  moejit_nccl_id *id);
+
+/* How a model is spread over ranks: the `ep` member of moejit_load_opts.
+ * All zero (the default): one GPU, no NCCL. */
+typedef struct moejit_ep_opts {
+  /* Ranks, 1..MOEJIT_EP_MAX_WORLD; 0: expert parallelism off. With a
+   * caller's communicator, 0 or its size. */
+  int world;
+  int rank; /* this process's rank, 0..world-1 (with a communicator: its rank) */
+  /* The communicator, one of:
+   *  - nccl_comm: an ncclComm_t the caller made and owns (moejit never
+   *    destroys it); its device must be the ctx's device;
+   *  - nccl_id: a unique id shared by all ranks; every rank's load then
+   *    joins (ncclCommInitRank, which waits for all `world` ranks), and the
+   *    model owns and destroys the communicator. */
+  void *nccl_comm;
+  const moejit_nccl_id *nccl_id;
+  /* [spec.experts] owner rank of each expert (host memory, copied), or
+   * NULL: contiguous ranges, rank r holding experts [r*E/W, (r+1)*E/W).
+   * Every rank must own at least one expert. A rank's local experts are its
+   * experts in increasing id order; its w1/w2 hold exactly those. */
+  const int32_t *expert_owner;
+} moejit_ep_opts;
+
+/* What an expert-parallel model holds. */
+typedef struct moejit_ep_info {
+  int world, rank;
+  int local_experts;     /* experts this rank computes */
+  int owns_comm;         /* 1: the model made the communicator and destroys it */
+  int nccl_version;
+} moejit_ep_info;
+
+/* INVALID_ARGUMENT for NULL; UNSUPPORTED for a model loaded without
+ * opts.ep (single GPU). */
+MOEJIT_API moejit_status moejit_model_ep_info(const moejit_model *model, moejit_ep_info *info);
+
+/* The global ids of this rank's local experts, ascending (the order of the
+ * expert dimension of its w1 and w2): writes min(n, cap) ids, *n = count. */
+MOEJIT_API moejit_status moejit_model_ep_local_experts(const moejit_model *model, int32_t *ids,
+                                                       size_t cap, int *n);
+
+/* NCCL's own all-to-all over the model's communicator, as nccl-tests runs
+ * it: to each rank r, bytes_per_rank bytes from send + r * bytes_per_rank,
+ * received into recv + r * bytes_per_rank (grouped ncclSend/ncclRecv; this
+ * rank's own block is a device copy). A utility, and the baseline the
+ * dispatch is measured against. Enqueued on `stream`; every rank must call
+ * it with the same size. */
+MOEJIT_API moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send,
+                                            void *recv, size_t bytes_per_rank,
+                                            moejit_stream stream);
+
+/* Phase events an expert-parallel forward records when the caller passes
+ * them (moejit_moe_args.ep_events, MOEJIT_EP_EVENTS of them):
+ *   [0] start            [1] routed and packed  [2] dispatched (NCCL)
+ *   [3] experts computed [4] results returned (NCCL)   [5] combined. */
+#define MOEJIT_EP_EVENTS 6
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

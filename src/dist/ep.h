@@ -1,0 +1,88 @@
+/* Internal face of expert parallelism (moejit/ep.h, docs/ep.md): the
+ * placement of experts on ranks, the buffer layout of one forward, and the
+ * state an expert-parallel model keeps. Placement and layout are host
+ * arithmetic, tested without a GPU. */
+#ifndef MOEJIT_SRC_DIST_EP_H
+#define MOEJIT_SRC_DIST_EP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dist/nccl.h"
+#include "moejit/moejit.h"
+
+/* The spec limit on experts (spec_check.c). */
+#define MJ_EP_MAX_EXPERTS 1024
+
+typedef struct mj_ep_placement {
+  int world, rank, experts;
+  int32_t owner[MJ_EP_MAX_EXPERTS];       /* rank of each expert */
+  int32_t local_index[MJ_EP_MAX_EXPERTS]; /* its index among its owner's experts */
+  int32_t per_rank[MOEJIT_EP_MAX_WORLD];  /* experts of each rank */
+  int n_local;                            /* per_rank[rank] */
+  int32_t local_experts[MJ_EP_MAX_EXPERTS]; /* this rank's, ascending */
+} mj_ep_placement;
+
+/* Places `experts` experts on `world` ranks: owner[E] (NULL: contiguous
+ * ranges, rank r holding [r*E/W, (r+1)*E/W)). INVALID_ARGUMENT naming the
+ * problem for world outside 1..MOEJIT_EP_MAX_WORLD, rank outside
+ * 0..world-1, an owner outside 0..world-1, or a rank left without experts. */
+moejit_status mj_ep_place(int experts, int world, int rank, const int32_t *owner,
+                          mj_ep_placement *out);
+
+/* The layer a rank computes: `global` with `n_local` experts (at least
+ * top_k: spec validation asks top_k <= experts, and the extra experts of a
+ * rank holding fewer than top_k simply receive no rows), softmax routing
+ * (the local layer never routes) and nothing else changed. */
+void mj_ep_local_spec(const moejit_spec *global, int n_local, moejit_spec *out);
+
+/* Where each buffer of one expert-parallel forward lives in the workspace
+ * (byte offsets, 256-byte aligned), for T tokens on this rank, `send_rows`
+ * rows sent to peers, `recv_rows` rows computed here (received plus this
+ * rank's own), and the local layer's workspace for recv_rows tokens. The
+ * first part (route results, masks, positions, counts) depends on T and
+ * world only: the exact mode fills it before it knows the row counts. */
+typedef struct mj_ep_layout {
+  int64_t tokens, send_rows, recv_rows;
+  size_t ids, weights, mask, pos, counts, recv_counts, dropped_by_rank;
+  size_t head; /* end of the first part */
+  size_t send_x, send_ids, send_w, recv_x, recv_ids, recv_w, partial, back, local_ws;
+  size_t local_ws_bytes, total;
+} mj_ep_layout;
+
+moejit_status mj_ep_layout_for(const moejit_spec *spec, int world, int64_t tokens,
+                               int64_t send_rows, int64_t recv_rows, size_t local_ws_bytes,
+                               mj_ep_layout *out);
+
+/* Rows each rank sends and receives at most when every rank has at most
+ * max_tokens tokens and the capacity (if any) is at most max_tokens. */
+static inline int64_t mj_ep_max_rows(int world, int64_t max_tokens) {
+  return (int64_t)world * max_tokens;
+}
+
+/* What an expert-parallel model holds besides the router (moejit_model.ep). */
+typedef struct mj_ep {
+  mj_ep_placement place;
+  const mj_nccl *nccl;
+  mj_nccl_comm comm;
+  int owns_comm;
+  struct moejit_model *local; /* align, gemm1, gemm2, combine for the local experts */
+  void *d_maps;               /* device: owner[E], then local_index[E] (int32) */
+} mj_ep;
+
+/* Loads an expert-parallel model (mj_model_load_with with opts->ep.world >
+ * 0): placement, the router and ep kernels for the global spec, the local
+ * layer for this rank's experts, device maps, then the communicator. */
+moejit_status mj_ep_model_load(moejit_ctx *ctx, const moejit_spec *spec, const char *origin,
+                               const moejit_load_opts *opts, struct moejit_model **out);
+
+/* Frees what the model's ep holds (destroys an owned communicator). */
+void mj_ep_free(moejit_ctx *ctx, mj_ep *ep);
+
+/* moejit_moe_workspace_size and moejit_moe_forward of an ep model. */
+moejit_status mj_ep_workspace_size(const struct moejit_model *m, int64_t max_tokens,
+                                   size_t *bytes);
+moejit_status mj_ep_forward(const struct moejit_model *m, const moejit_moe_args *a,
+                            moejit_stream stream);
+
+#endif

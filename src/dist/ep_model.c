@@ -1,0 +1,208 @@
+/* Loading an expert-parallel model (src/dist/ep.h): the communicator
+ * checked or created, the experts placed, the router and the ep kernels
+ * built for the global spec, the rest of the layer for this rank's experts
+ * only, and the placement maps put on the device. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "dist/ep.h"
+#include "ops/ops.h"
+
+static const char op[] = "moejit_model_load (expert parallelism)";
+
+/* A caller's communicator must be on the ctx's device; its size and rank
+ * become the placement's (opts.ep.world/rank, when set, must agree). */
+static moejit_status adopt_comm(moejit_ctx *ctx, const mj_nccl *n, const moejit_ep_opts *e,
+                                int *world, int *rank) {
+  mj_nccl_comm comm = (mj_nccl_comm)e->nccl_comm;
+  int count = 0, me = 0, dev = -1;
+  moejit_status st = mj_nccl_check(n, n->CommCount(comm, &count), comm, "ncclCommCount");
+  if (!st) st = mj_nccl_check(n, n->CommUserRank(comm, &me), comm, "ncclCommUserRank");
+  if (!st) st = mj_nccl_check(n, n->CommCuDevice(comm, &dev), comm, "ncclCommCuDevice");
+  if (st) return mj_fail_prefix(st, "%s: opts.ep.nccl_comm", op);
+  if (e->world > 0 && e->world != count)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: opts.ep.world = %d, but the communicator has %d ranks; HINT: leave "
+                   "world 0 to take the communicator's size",
+                   op, e->world, count);
+  if (e->world > 0 && e->rank != me)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: opts.ep.rank = %d, but this process is rank %d of the communicator", op,
+                   e->rank, me);
+  moejit_device_info info;
+  if ((st = moejit_ctx_device_info(ctx, &info))) return st;
+  if (dev != info.ordinal)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: the communicator is on device %d, the ctx on device %d; HINT: create the "
+                   "ctx (moejit_ctx_opts.device) on the communicator's device",
+                   op, dev, info.ordinal);
+  *world = count, *rank = me;
+  return MOEJIT_OK;
+}
+
+/* One report for the whole layer: the router, then the local layer's
+ * families, then the ep kernels. */
+static void merge_reports(moejit_load_report *r, const moejit_load_report *global,
+                          const moejit_load_report *local, double t_start) {
+  *r = *global;
+  r->n_kernels = 0;
+  const moejit_load_report *parts[3] = {global, local, global};
+  for (int p = 0; p < 3; p++)
+    for (int i = 0; i < parts[p]->n_kernels && r->n_kernels < MOEJIT_LOAD_MAX_KERNELS; i++) {
+      const int is_ep = !strcmp(parts[p]->kernels[i].kernel, "ep");
+      if (p == 0 && is_ep) continue;    /* ep goes last */
+      if (p == 2 && !is_ep) continue;
+      r->kernels[r->n_kernels++] = parts[p]->kernels[i];
+    }
+  r->cache_hits = global->cache_hits + local->cache_hits;
+  r->cache_misses = global->cache_misses + local->cache_misses;
+  r->compile_ms = global->compile_ms + local->compile_ms;
+  r->load_ms = global->load_ms + local->load_ms;
+  r->total_ms = mj_now_ms() - t_start;
+}
+
+static moejit_status upload_maps(moejit_ctx *ctx, mj_ep *ep) {
+  const size_t E = (size_t)ep->place.experts, bytes = 2 * E * sizeof(int32_t);
+  moejit_status st = moejit_mem_alloc(ctx, bytes, NULL, &ep->d_maps);
+  if (st) return st;
+  int32_t *host = malloc(bytes);
+  if (!host) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op);
+  memcpy(host, ep->place.owner, E * sizeof(int32_t));
+  memcpy(host + E, ep->place.local_index, E * sizeof(int32_t));
+  st = moejit_memcpy_htod(ctx, ep->d_maps, host, bytes, NULL);
+  if (!st) st = moejit_ctx_synchronize(ctx);
+  free(host);
+  return st;
+}
+
+static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id *id) {
+  mj_nccl_unique_id uid;
+  memcpy(uid.internal, id->bytes, sizeof uid.internal);
+  moejit_status st = mj_ctx_enter(ctx);
+  if (st) return st;
+  /* waits until all `world` ranks have called it with the same id */
+  st = mj_nccl_check(ep->nccl,
+                     ep->nccl->CommInitRank(&ep->comm, ep->place.world, uid, ep->place.rank),
+                     NULL, "ncclCommInitRank");
+  mj_ctx_leave(ctx);
+  if (st) {
+    ep->comm = NULL;
+    return mj_fail_prefix(st, "%s: joining the communicator as rank %d of %d", op,
+                          ep->place.rank, ep->place.world);
+  }
+  ep->owns_comm = 1;
+  return MOEJIT_OK;
+}
+
+void mj_ep_free(moejit_ctx *ctx, mj_ep *ep) {
+  if (!ep) return;
+  if (ep->comm && ep->owns_comm) {
+    if (mj_ctx_enter(ctx) == MOEJIT_OK) {
+      ep->nccl->CommDestroy(ep->comm);
+      mj_ctx_leave(ctx);
+    }
+  }
+  if (ep->d_maps) moejit_mem_free(ctx, ep->d_maps, NULL);
+  moejit_model_destroy(ep->local);
+  free(ep);
+}
+
+static moejit_status load_parts(moejit_ctx *ctx, const moejit_spec *spec, const char *origin,
+                                const moejit_load_opts *opts, mj_ep *ep, moejit_model **global) {
+  moejit_load_opts inner = *opts;
+  memset(&inner.ep, 0, sizeof inner.ep);
+  moejit_load_report rg, rl;
+  memset(&rg, 0, sizeof rg);
+  memset(&rl, 0, sizeof rl);
+  const double t0 = mj_now_ms();
+  inner.report = &rg;
+  moejit_status st = mj_model_load_with(ctx, spec, MJ_OPS_ROUTE | MJ_OPS_EP, origin, &inner, global);
+  if (!st) {
+    moejit_spec local;
+    mj_ep_local_spec(spec, ep->place.n_local, &local);
+    inner.report = &rl;
+    st = mj_model_load_with(ctx, &local, MJ_OPS_LAYER & ~MJ_OPS_ROUTE, origin, &inner, &ep->local);
+  }
+  moejit_load_report merged;
+  merge_reports(&merged, &rg, &rl, t0);
+  if (*global) (*global)->report = merged;
+  if (opts->report) *opts->report = merged;
+  return st;
+}
+
+moejit_status mj_ep_model_load(moejit_ctx *ctx, const moejit_spec *spec, const char *origin,
+                               const moejit_load_opts *opts, moejit_model **out) {
+  const double t_start = mj_now_ms();
+  const moejit_ep_opts *e = &opts->ep;
+  const mj_nccl *n = NULL;
+  moejit_status st = mj_nccl_get(&n);
+  if (st) return mj_ctx_fail(ctx, mj_fail_prefix(st, "%s", op));
+  int world = e->world, rank = e->rank;
+  if (e->nccl_comm) {
+    if ((st = adopt_comm(ctx, n, e, &world, &rank))) return mj_ctx_fail(ctx, st);
+  } else if (!e->nccl_id) {
+    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                    "%s: opts.ep.world = %d but neither opts.ep.nccl_comm nor "
+                                    "opts.ep.nccl_id is set; HINT: pass your ncclComm_t, or a "
+                                    "unique id from moejit_nccl_unique_id shared by all ranks",
+                                    op, e->world));
+  }
+  mj_ep *ep = calloc(1, sizeof *ep);
+  if (!ep) return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op));
+  ep->nccl = n;
+  moejit_model *m = NULL;
+  st = mj_ep_place(spec->experts, world, rank, e->expert_owner, &ep->place);
+  if (st) st = mj_fail_prefix(st, "%s", op);
+  if (!st) st = load_parts(ctx, spec, origin, opts, ep, &m);
+  if (!st) st = upload_maps(ctx, ep);
+  if (!st && e->nccl_comm) ep->comm = (mj_nccl_comm)e->nccl_comm;
+  if (!st && !e->nccl_comm) st = join_comm(ctx, ep, e->nccl_id);
+  if (st) {
+    mj_ep_free(ctx, ep);
+    moejit_model_destroy(m);
+    return mj_ctx_fail(ctx, st);
+  }
+  m->ep = ep;
+  m->report.total_ms = mj_now_ms() - t_start;
+  if (opts->report) opts->report->total_ms = m->report.total_ms;
+  *out = m;
+  return MOEJIT_OK;
+}
+
+/* ---- public queries ----------------------------------------------------- */
+
+static moejit_status need_ep(const moejit_model *model, const char *fn) {
+  if (!model) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: model is NULL", fn);
+  if (!model->ep)
+    return mj_model_fail(model, mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                                        "%s: the model was loaded for one GPU (no opts.ep)", fn));
+  return MOEJIT_OK;
+}
+
+moejit_status moejit_model_ep_info(const moejit_model *model, moejit_ep_info *info) {
+  moejit_status st = need_ep(model, "moejit_model_ep_info");
+  if (st) return st;
+  if (!info) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_ep_info: info is NULL");
+  const mj_ep *ep = model->ep;
+  memset(info, 0, sizeof *info);
+  info->world = ep->place.world;
+  info->rank = ep->place.rank;
+  info->local_experts = ep->place.n_local;
+  info->owns_comm = ep->owns_comm;
+  info->nccl_version = ep->nccl->version;
+  return MOEJIT_OK;
+}
+
+moejit_status moejit_model_ep_local_experts(const moejit_model *model, int32_t *ids, size_t cap,
+                                            int *n) {
+  moejit_status st = need_ep(model, "moejit_model_ep_local_experts");
+  if (st) return st;
+  if (!n || (!ids && cap))
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_ep_local_experts: %s is NULL",
+                   !n ? "n" : "ids");
+  const mj_ep_placement *p = &model->ep->place;
+  for (size_t i = 0; i < cap && i < (size_t)p->n_local; i++) ids[i] = p->local_experts[i];
+  *n = p->n_local;
+  return MOEJIT_OK;
+}

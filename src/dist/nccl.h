@@ -1,0 +1,75 @@
+/* NCCL, loaded at run time. moejit declares the small, stable part of
+ * NCCL's C ABI it calls (the types and enum values below are NCCL's own,
+ * unchanged since 2.7) and dlopens libnccl.so.2 on first use, so the library
+ * builds and starts without NCCL and only expert parallelism needs it.
+ * When the build finds nccl.h, nccl_abi_check.c compares these declarations
+ * with it at compile time. */
+#ifndef MOEJIT_SRC_DIST_NCCL_H
+#define MOEJIT_SRC_DIST_NCCL_H
+
+#include <stddef.h>
+
+#include "moejit/moejit.h"
+
+typedef struct mj_nccl_comm_opaque *mj_nccl_comm; /* ncclComm_t */
+typedef struct CUstream_st *mj_nccl_stream;       /* cudaStream_t == CUstream */
+
+#define MJ_NCCL_UNIQUE_ID_BYTES 128
+typedef struct mj_nccl_unique_id {
+  char internal[MJ_NCCL_UNIQUE_ID_BYTES];
+} mj_nccl_unique_id; /* ncclUniqueId */
+
+typedef enum mj_nccl_result {
+  MJ_NCCL_SUCCESS = 0,
+  MJ_NCCL_UNHANDLED_CUDA_ERROR = 1,
+  MJ_NCCL_SYSTEM_ERROR = 2,
+  MJ_NCCL_INTERNAL_ERROR = 3,
+  MJ_NCCL_INVALID_ARGUMENT = 4,
+  MJ_NCCL_INVALID_USAGE = 5,
+  MJ_NCCL_REMOTE_ERROR = 6,
+  MJ_NCCL_IN_PROGRESS = 7
+} mj_nccl_result; /* ncclResult_t */
+
+typedef enum mj_nccl_dtype {
+  MJ_NCCL_INT8 = 0,
+  MJ_NCCL_UINT8 = 1,
+  MJ_NCCL_INT32 = 2,
+  MJ_NCCL_FLOAT32 = 7
+} mj_nccl_dtype; /* ncclDataType_t (the members moejit sends) */
+
+typedef struct mj_nccl {
+  int version; /* ncclGetVersion, e.g. 22803 for 2.28.3 */
+  mj_nccl_result (*GetVersion)(int *version);
+  mj_nccl_result (*GetUniqueId)(mj_nccl_unique_id *id);
+  mj_nccl_result (*CommInitRank)(mj_nccl_comm *comm, int nranks, mj_nccl_unique_id id, int rank);
+  mj_nccl_result (*CommDestroy)(mj_nccl_comm comm);
+  mj_nccl_result (*CommAbort)(mj_nccl_comm comm);
+  mj_nccl_result (*CommCount)(const mj_nccl_comm comm, int *count);
+  mj_nccl_result (*CommUserRank)(const mj_nccl_comm comm, int *rank);
+  mj_nccl_result (*CommCuDevice)(const mj_nccl_comm comm, int *device);
+  mj_nccl_result (*CommGetAsyncError)(mj_nccl_comm comm, mj_nccl_result *async_error);
+  const char *(*GetErrorString)(mj_nccl_result result);
+  const char *(*GetLastError)(mj_nccl_comm comm); /* optional (NCCL >= 2.13) */
+  mj_nccl_result (*GroupStart)(void);
+  mj_nccl_result (*GroupEnd)(void);
+  mj_nccl_result (*Send)(const void *buf, size_t count, mj_nccl_dtype dtype, int peer,
+                         mj_nccl_comm comm, mj_nccl_stream stream);
+  mj_nccl_result (*Recv)(void *buf, size_t count, mj_nccl_dtype dtype, int peer,
+                         mj_nccl_comm comm, mj_nccl_stream stream);
+} mj_nccl;
+
+/* Loads NCCL once per process ($MOEJIT_NCCL_LIBRARY, else libnccl.so.2,
+ * else libnccl.so) and resolves the table. UNSUPPORTED with a message that
+ * says how to provide NCCL when it is absent or too old (needs 2.7 for
+ * send/recv); the same answer on every later call. Thread-safe. */
+moejit_status mj_nccl_get(const mj_nccl **out);
+
+/* MOEJIT_OK for ncclSuccess, else MOEJIT_ERR_CUDA with "what: NCCL error N
+ * (string)[: last error]" recorded. comm may be NULL. */
+moejit_status mj_nccl_check(const mj_nccl *n, mj_nccl_result r, mj_nccl_comm comm,
+                            const char *what);
+
+/* Defined by nccl_abi_check.c, which is built only when nccl.h is found. */
+int mj_nccl_abi_checked(void);
+
+#endif

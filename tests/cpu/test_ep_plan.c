@@ -1,0 +1,252 @@
+/* Expert parallelism on the CPU: expert placement (contiguous and explicit
+ * maps, every refusal), the local layer's spec, the buffer layout of one
+ * forward and its sizing, NCCL unique ids as text and files, NCCL missing,
+ * and the ep kernels compiling with NVRTC for every preset. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "common/common.h"
+#include "compile/compile.h"
+#include "dist/ep.h"
+#include "test_support.h"
+
+TestSuite(ep_plan, .timeout = 300);
+
+/* Every expert has exactly one owner, local indices count 0.. per rank in
+ * id order, and local_experts lists this rank's experts ascending. */
+static void check_placement(const mj_ep_placement *p) {
+  int seen[MOEJIT_EP_MAX_WORLD] = {0};
+  for (int e = 0; e < p->experts; e++) {
+    const int r = p->owner[e];
+    cr_assert(r >= 0 && r < p->world, "expert %d owner %d", e, r);
+    cr_assert_eq(p->local_index[e], seen[r], "expert %d: local index %d, expected %d", e,
+                 p->local_index[e], seen[r]);
+    seen[r]++;
+  }
+  int total = 0;
+  for (int r = 0; r < p->world; r++) {
+    cr_assert_eq(seen[r], p->per_rank[r]);
+    cr_assert_gt(p->per_rank[r], 0, "rank %d owns nothing", r);
+    total += seen[r];
+  }
+  cr_assert_eq(total, p->experts);
+  cr_assert_eq(p->n_local, p->per_rank[p->rank]);
+  for (int i = 0; i < p->n_local; i++) {
+    cr_assert_eq(p->owner[p->local_experts[i]], p->rank);
+    cr_assert_eq(p->local_index[p->local_experts[i]], i);
+    if (i) cr_assert_gt(p->local_experts[i], p->local_experts[i - 1]);
+  }
+}
+
+Test(ep_plan, contiguous_ranges_match_the_documented_formula) {
+  static const int experts[] = {1, 7, 8, 60, 64, 128, 256, 1024};
+  static const int worlds[] = {1, 2, 3, 4, 7, 8, 64};
+  for (size_t i = 0; i < sizeof experts / sizeof *experts; i++)
+    for (size_t j = 0; j < sizeof worlds / sizeof *worlds; j++) {
+      const int E = experts[i], W = worlds[j];
+      if (E < W) continue;
+      for (int rank = 0; rank < W; rank++) {
+        mj_ep_placement p;
+        cr_assert_eq(mj_ep_place(E, W, rank, NULL, &p), MOEJIT_OK, "E=%d W=%d: %s", E, W,
+                     moejit_last_error());
+        check_placement(&p);
+        const int first = (int)((int64_t)rank * E / W), last = (int)((int64_t)(rank + 1) * E / W);
+        cr_assert_eq(p.n_local, last - first, "E=%d W=%d rank %d", E, W, rank);
+        cr_assert_eq(p.local_experts[0], first);
+      }
+    }
+}
+
+Test(ep_plan, explicit_maps_are_taken_as_given) {
+  ts_rng r = ts_rng_fresh("ep_explicit");
+  for (int trial = 0; trial < 200; trial++) {
+    const int W = 1 + (int)(ts_next(&r) % 8), E = W + (int)(ts_next(&r) % 300);
+    int32_t owner[1024];
+    for (int e = 0; e < E; e++) owner[e] = e < W ? e : (int32_t)(ts_next(&r) % (uint64_t)W);
+    /* shuffle so the guaranteed experts are anywhere */
+    for (int e = E - 1; e > 0; e--) {
+      int o = (int)(ts_next(&r) % (uint64_t)(e + 1));
+      int32_t t = owner[e];
+      owner[e] = owner[o], owner[o] = t;
+    }
+    const int rank = (int)(ts_next(&r) % (uint64_t)W);
+    mj_ep_placement p;
+    cr_assert_eq(mj_ep_place(E, W, rank, owner, &p), MOEJIT_OK, "%s", moejit_last_error());
+    check_placement(&p);
+    for (int e = 0; e < E; e++) cr_assert_eq(p.owner[e], owner[e]);
+  }
+}
+
+static void expect_refused(int E, int W, int rank, const int32_t *owner, const char *needle) {
+  mj_ep_placement p;
+  cr_assert_eq(mj_ep_place(E, W, rank, owner, &p), MOEJIT_ERR_INVALID_ARGUMENT,
+               "E=%d W=%d rank=%d was accepted", E, W, rank);
+  cr_assert(strstr(moejit_last_error(), needle), "message '%s' lacks '%s'", moejit_last_error(),
+            needle);
+}
+
+Test(ep_plan, bad_placements_are_refused_with_what_to_fix) {
+  expect_refused(8, 0, 0, NULL, "ep.world = 0");
+  expect_refused(8, MOEJIT_EP_MAX_WORLD + 1, 0, NULL, "allowed 1..64");
+  expect_refused(8, 2, 2, NULL, "ep.rank = 2");
+  expect_refused(8, 2, -1, NULL, "ep.rank = -1");
+  expect_refused(4, 8, 0, NULL, "at most 4 ranks");
+  int32_t owner[8] = {0, 1, 0, 1, 0, 1, 0, 5};
+  expect_refused(8, 2, 0, owner, "ep.expert_owner[7] = 5");
+  int32_t lonely[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  expect_refused(8, 2, 0, lonely, "rank 1 owns no expert");
+  owner[7] = -3;
+  expect_refused(8, 2, 0, owner, "ep.expert_owner[7] = -3");
+}
+
+Test(ep_plan, the_local_spec_validates_even_with_fewer_experts_than_top_k) {
+  const char *const *names = moejit_preset_names();
+  for (int i = 0; names[i]; i++) {
+    moejit_spec g;
+    cr_assert_eq(moejit_spec_load_preset(names[i], &g), MOEJIT_OK);
+    const int counts[] = {1, g.top_k - 1, g.top_k, g.experts / 2, g.experts};
+    for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+      if (counts[c] < 1) continue;
+      moejit_spec l;
+      mj_ep_local_spec(&g, counts[c], &l);
+      cr_assert_eq(moejit_spec_validate(&l), MOEJIT_OK, "%s with %d local experts: %s", names[i],
+                   counts[c], moejit_last_error());
+      cr_assert_eq(l.experts, counts[c] > g.top_k ? counts[c] : g.top_k);
+      cr_assert_eq(l.top_k, g.top_k);
+      cr_assert_eq(l.hidden, g.hidden);
+      cr_assert_eq(l.expert_width, g.expert_width);
+      cr_assert_eq(l.act_dtype, g.act_dtype);
+      cr_assert_eq(l.out_dtype, g.out_dtype);
+      cr_assert_eq(memcmp(&l.gemm1, &g.gemm1, sizeof l.gemm1), 0, "same GEMM tiles");
+    }
+  }
+}
+
+/* Regions are 256-byte aligned, in order, disjoint and large enough. */
+Test(ep_plan, layout_regions_are_aligned_disjoint_and_sized) {
+  moejit_spec s;
+  cr_assert_eq(moejit_spec_load_preset("deepseek-v3", &s), MOEJIT_OK);
+  ts_rng r = ts_rng_fresh("ep_layout");
+  for (int trial = 0; trial < 100; trial++) {
+    const int W = 1 + (int)(ts_next(&r) % 64);
+    const int64_t T = 1 + (int64_t)(ts_next(&r) % 5000);
+    const int64_t S = (int64_t)(ts_next(&r) % (uint64_t)(W * T + 1));
+    const int64_t R = (int64_t)(ts_next(&r) % (uint64_t)(W * T + 1));
+    const size_t local = (size_t)(ts_next(&r) % 100000000);
+    mj_ep_layout l;
+    cr_assert_eq(mj_ep_layout_for(&s, W, T, S, R, local, &l), MOEJIT_OK);
+    const size_t k = (size_t)s.top_k, d = (size_t)s.hidden;
+    const struct {
+      size_t at, bytes;
+    } reg[] = {{l.ids, T * k * 4},      {l.weights, T * k * 4},  {l.mask, T * 8},
+               {l.pos, W * T * 4},      {l.counts, W * 4},       {l.recv_counts, W * 4},
+               {l.dropped_by_rank, W * 4}, {l.send_x, S * d * 2}, {l.send_ids, S * k * 4},
+               {l.send_w, S * k * 4},   {l.recv_x, R * d * 2},   {l.recv_ids, R * k * 4},
+               {l.recv_w, R * k * 4},   {l.partial, R * d * 2},  {l.back, S * d * 2},
+               {l.local_ws, local}};
+    for (size_t i = 0; i < sizeof reg / sizeof *reg; i++) {
+      cr_assert_eq(reg[i].at % 256, 0, "region %zu misaligned", i);
+      const size_t end = reg[i].at + reg[i].bytes;
+      const size_t next = i + 1 < sizeof reg / sizeof *reg ? reg[i + 1].at : l.total;
+      cr_assert_leq(end, next, "region %zu overlaps the next", i);
+    }
+    cr_assert_leq(l.dropped_by_rank + W * 4, l.head, "the front part ends at head");
+    cr_assert_eq(l.head, l.send_x);
+    /* the front part depends on T and W only */
+    mj_ep_layout z;
+    cr_assert_eq(mj_ep_layout_for(&s, W, T, 0, 0, 0, &z), MOEJIT_OK);
+    cr_assert_eq(z.head, l.head);
+    cr_assert_eq(z.pos, l.pos);
+  }
+}
+
+Test(ep_plan, max_rows_cover_every_rank_sending_all_its_tokens) {
+  cr_assert_eq(mj_ep_max_rows(1, 7), 7);
+  cr_assert_eq(mj_ep_max_rows(8, 4096), 8 * 4096);
+}
+
+Test(ep_plan, unique_ids_round_trip_as_text_and_files) {
+  moejit_nccl_id id, back;
+  ts_rng r = ts_rng_fresh("ep_id");
+  for (size_t i = 0; i < sizeof id.bytes; i++) id.bytes[i] = (unsigned char)ts_next(&r);
+  char text[300];
+  cr_assert_eq(moejit_nccl_id_format(&id, text, sizeof text), MOEJIT_OK);
+  cr_assert_eq(strlen(text), 256);
+  cr_assert_eq(moejit_nccl_id_parse(text, &back), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(memcmp(&id, &back, sizeof id), 0);
+  for (char *c = text; *c; c++) *c = (char)(*c >= 'a' ? *c - 32 : *c); /* upper case */
+  char padded[310];
+  snprintf(padded, sizeof padded, "  %s\n", text);
+  cr_assert_eq(moejit_nccl_id_parse(padded, &back), MOEJIT_OK);
+  cr_assert_eq(memcmp(&id, &back, sizeof id), 0);
+
+  cr_assert_eq(moejit_nccl_id_format(&id, text, 256), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(moejit_nccl_id_parse("abc", &back), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "3 hex digits"), "%s", moejit_last_error());
+  moejit_nccl_id_format(&id, text, sizeof text);
+  text[17] = 'g';
+  cr_assert_eq(moejit_nccl_id_parse(text, &back), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "character 18 ('g')"), "%s", moejit_last_error());
+
+  char *dir = ts_mkdtemp("ep_id");
+  char path[1024];
+  snprintf(path, sizeof path, "%s/id", dir);
+  cr_assert_eq(moejit_nccl_id_read_file(path, 0, &back), MOEJIT_ERR_NOT_FOUND);
+  cr_assert(strstr(moejit_last_error(), "moejit_nccl_id_write_file"), "%s", moejit_last_error());
+  cr_assert_eq(moejit_nccl_id_read_file(path, 60, &back), MOEJIT_ERR_NOT_FOUND, "waits, then fails");
+  cr_assert_eq(moejit_nccl_id_write_file(path, &id), MOEJIT_OK, "%s", moejit_last_error());
+  memset(&back, 0, sizeof back);
+  cr_assert_eq(moejit_nccl_id_read_file(path, 1000, &back), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(memcmp(&id, &back, sizeof id), 0);
+  FILE *f = fopen(path, "w");
+  fputs("not an id\n", f);
+  fclose(f);
+  cr_assert_eq(moejit_nccl_id_read_file(path, 0, &back), MOEJIT_ERR_INVALID_ARGUMENT);
+  snprintf(path, sizeof path, "%s/missing-dir/id", dir);
+  cr_assert_eq(moejit_nccl_id_write_file(path, &id), MOEJIT_ERR_IO, "unwritable path");
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(ep_plan, nccl_missing_is_a_clear_unsupported) {
+  setenv("MOEJIT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  int v = 123;
+  cr_assert_eq(moejit_nccl_version(&v), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert_eq(v, 0);
+  const char *msg = moejit_last_error();
+  cr_assert(strstr(msg, "/nonexistent/libnccl.so.2"), "names what was tried: %s", msg);
+  cr_assert(strstr(msg, "MOEJIT_NCCL_LIBRARY"), "says how to fix: %s", msg);
+  moejit_nccl_id id;
+  cr_assert_eq(moejit_nccl_unique_id(&id), MOEJIT_ERR_UNSUPPORTED, "same answer every call");
+  cr_assert_eq(moejit_nccl_version(NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+}
+
+Test(ep_plan, ep_kernels_compile_for_every_preset, .timeout = 600) {
+  const char *const *names = moejit_preset_names();
+  for (int i = 0; names[i]; i++) {
+    moejit_spec s;
+    cr_assert_eq(moejit_spec_load_preset(names[i], &s), MOEJIT_OK);
+    const char *archs[] = {"sm_90a", "sm_80"};
+    for (int a = 0; a < 2; a++) {
+      mj_kernel_source ks;
+      cr_assert_eq(mj_codegen(&s, "ep", archs[a], NULL, &ks), MOEJIT_OK, "%s", moejit_last_error());
+      const char *want[] = {"moejit_ep_mask", "moejit_ep_scan", "moejit_ep_pack",
+                            "moejit_ep_combine"};
+      cr_assert_eq(ks.n_entries, 4);
+      mj_compile_opts o = {.arch = archs[a], .lineinfo = 1};
+      char *ptx = NULL;
+      void *cubin = NULL;
+      size_t ptx_len = 0, cubin_len = 0;
+      cr_assert_eq(mj_nvrtc_compile(&ks, &o, &ptx, &ptx_len, &cubin, &cubin_len), MOEJIT_OK,
+                   "%s %s: %s", names[i], archs[a], moejit_last_error());
+      for (int e = 0; e < 4; e++) cr_assert(strstr(ptx, want[e]), "PTX lacks %s", want[e]);
+      free(ptx);
+      free(cubin);
+      mj_kernel_source_free(&ks);
+    }
+  }
+}

@@ -1,0 +1,300 @@
+/* Expert parallelism on a GPU (docs/ep.md).
+ *  - One rank, library calls: the expert-parallel forward (exact and fixed
+ *    capacity, eager and graph-captured) gives bit for bit the single-GPU
+ *    layer's output at T = 1, 37, 256, 4096, and a rank with T = 0 runs.
+ *  - Bad options and arguments are refused before anything waits on a peer.
+ *  - Several ranks (one process per GPU, through `moejit run --ep N`, which
+ *    checks each rank against the one-GPU layer on the same inputs and a
+ *    float64 reference): deepseek-v3 and qwen3-30b-a3b at T = 1, 256, 4096
+ *    per rank, with uniform routing, every token on one rank's experts,
+ *    and a rank without tokens. Skipped where fewer GPUs exist.
+ * Skips without a GPU or without NCCL, saying which. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layer_gpu.h"
+#include "ops_gpu.h"
+#include "test_support.h"
+
+TestSuite(ep, .timeout = 1800);
+
+static void require_gpu_and_nccl(void) {
+  OPS_REQUIRE_GPU();
+  int v = 0;
+  if (moejit_nccl_version(&v) != MOEJIT_OK) cr_skip_test("no NCCL: %s", moejit_last_error());
+}
+
+static int device_count(void) {
+  int n = 0;
+  OPS_OK(moejit_device_count(&n));
+  return n;
+}
+
+/* ---- one rank, library calls -------------------------------------------- */
+
+typedef struct one_rank {
+  moejit_model *ep, *single;
+  const moejit_spec *s;
+  lg_weights w;
+  lg_periodic px;
+  void *x, *logits, *out, *ws_ep, *ws_1, *dropped;
+  size_t ws_ep_bytes, ws_1_bytes;
+  int64_t max_t;
+} one_rank;
+
+static moejit_model *load_ep(const char *preset, int world, int rank, const moejit_nccl_id *id,
+                             const int32_t *owner, moejit_status expect) {
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.ep.world = world;
+  o.ep.rank = rank;
+  o.ep.nccl_id = id;
+  o.ep.expert_owner = owner;
+  moejit_model *m = NULL;
+  moejit_status st = moejit_model_load_config(ops_ctx(), preset, &o, &m);
+  cr_assert_eq(st, expect, "load %s world %d rank %d: %s", preset, world, rank,
+               moejit_last_error());
+  return m;
+}
+
+static void one_rank_make(one_rank *r, const char *preset, int64_t max_t) {
+  memset(r, 0, sizeof *r);
+  moejit_nccl_id id;
+  OPS_OK(moejit_nccl_unique_id(&id));
+  r->ep = load_ep(preset, 1, 0, &id, NULL, MOEJIT_OK);
+  OPS_OK(moejit_model_load_config(ops_ctx(), preset, NULL, &r->single));
+  r->s = moejit_model_spec(r->single);
+  moejit_ep_info info;
+  OPS_OK(moejit_model_ep_info(r->ep, &info));
+  cr_assert_eq(info.world, 1);
+  cr_assert_eq(info.local_experts, r->s->experts);
+  cr_assert_eq(info.owns_comm, 1);
+  moejit_load_report rep;
+  OPS_OK(moejit_model_load_report(r->ep, &rep));
+  cr_assert_eq(rep.n_kernels, 6, "route, align, gemm1, gemm2, combine, ep: %d", rep.n_kernels);
+  cr_assert_str_eq(rep.kernels[5].kernel, "ep");
+  ts_rng rng = ts_rng_fresh("ep_one_rank");
+  lg_weights_make(&r->w, r->s, &rng);
+  lg_periodic_make(&r->px, r->s->act_dtype, 1.0, &rng);
+  r->max_t = max_t;
+  const size_t d = (size_t)r->s->hidden;
+  r->x = ops_alloc((size_t)max_t * d * moejit_dtype_size(r->s->act_dtype));
+  lg_periodic_fill(&r->px, r->x, (size_t)max_t * d);
+  float *l = malloc(sizeof(float) * (size_t)max_t * r->s->experts);
+  for (int64_t i = 0; i < max_t * r->s->experts; i++) l[i] = 4.0f * ts_normal(&rng);
+  cr_assert_eq(r->s->logits_dtype, MOEJIT_DTYPE_FP32, "the presets route in fp32");
+  r->logits = ops_alloc(sizeof(float) * (size_t)max_t * r->s->experts);
+  ops_upload(r->logits, l, sizeof(float) * (size_t)max_t * r->s->experts);
+  free(l);
+  r->out = ops_alloc((size_t)max_t * d * moejit_dtype_size(r->s->out_dtype));
+  OPS_OK(moejit_moe_workspace_size(r->ep, max_t, &r->ws_ep_bytes));
+  OPS_OK(moejit_moe_workspace_size(r->single, max_t, &r->ws_1_bytes));
+  r->ws_ep = ops_alloc(r->ws_ep_bytes);
+  r->ws_1 = ops_alloc(r->ws_1_bytes);
+  r->dropped = ops_alloc(4);
+}
+
+static void one_rank_free(one_rank *r) {
+  void *b[] = {r->x, r->logits, r->out, r->ws_ep, r->ws_1, r->dropped};
+  for (size_t i = 0; i < sizeof b / sizeof *b; i++) ops_free(b[i]);
+  lg_weights_free(&r->w);
+  lg_periodic_free(&r->px);
+  moejit_model_destroy(r->ep);
+  moejit_model_destroy(r->single);
+}
+
+static moejit_moe_args args_for(const one_rank *r, int ep, int64_t t, int64_t capacity) {
+  moejit_moe_args a = {.tokens = t,
+                       .x = r->x,
+                       .logits = r->logits,
+                       .w1 = r->w.d_w1,
+                       .w2 = r->w.d_w2,
+                       .out = r->out,
+                       .workspace = ep ? r->ws_ep : r->ws_1,
+                       .workspace_bytes = ep ? r->ws_ep_bytes : r->ws_1_bytes,
+                       .ep_capacity = capacity,
+                       .ep_dropped = ep ? r->dropped : NULL};
+  return a;
+}
+
+/* Poisoned output, one forward (or graph replay), the output downloaded. */
+static void *forward(one_rank *r, const moejit_model *m, const moejit_moe_args *a,
+                     moejit_graph *graph) {
+  const size_t bytes = (size_t)a->tokens * r->s->hidden * moejit_dtype_size(r->s->out_dtype);
+  ops_poison(r->out, (r->max_t * r->s->hidden * moejit_dtype_size(r->s->out_dtype) + 3) / 4 * 4,
+             OPS_POISON_NAN);
+  ops_sync();
+  if (graph)
+    OPS_OK(moejit_graph_launch(ops_ctx(), graph, NULL));
+  else
+    OPS_OK(moejit_moe_forward(m, a, NULL));
+  void *host = malloc(bytes + 4);
+  ops_download(host, r->out, bytes);
+  return host;
+}
+
+Test(ep, one_rank_is_bitwise_the_single_gpu_layer) {
+  require_gpu_and_nccl();
+  static const int64_t ts[] = {1, 37, 256, 4096};
+  one_rank r;
+  one_rank_make(&r, "qwen3-30b-a3b", 4096);
+  moejit_stream stream;
+  OPS_OK(moejit_stream_create(ops_ctx(), &stream));
+  for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
+    const int64_t t = ts[i];
+    const size_t bytes = (size_t)t * r.s->hidden * moejit_dtype_size(r.s->out_dtype);
+    moejit_moe_args a1 = args_for(&r, 0, t, 0), ae = args_for(&r, 1, t, 0),
+                    ac = args_for(&r, 1, t, t);
+    void *ref = forward(&r, r.single, &a1, NULL);
+    void *exact = forward(&r, r.ep, &ae, NULL);
+    cr_assert_eq(memcmp(ref, exact, bytes), 0, "T=%lld: exact differs from one GPU", (long long)t);
+    ops_poison(r.dropped, 4, OPS_POISON_INT);
+    void *cap = forward(&r, r.ep, &ac, NULL);
+    cr_assert_eq(memcmp(ref, cap, bytes), 0, "T=%lld: capacity differs from one GPU", (long long)t);
+    int32_t dropped = -1;
+    ops_download(&dropped, r.dropped, 4);
+    cr_assert_eq(dropped, 0, "T=%lld: %d dropped at capacity T", (long long)t, dropped);
+    /* the capacity forward captures and replays to the same bits */
+    moejit_graph *g = NULL;
+    OPS_OK(moejit_graph_begin_capture(ops_ctx(), stream));
+    OPS_OK(moejit_moe_forward(r.ep, &ac, stream));
+    OPS_OK(moejit_graph_end_capture(ops_ctx(), stream, &g));
+    void *replay = forward(&r, r.ep, &ac, g);
+    cr_assert_eq(memcmp(ref, replay, bytes), 0, "T=%lld: graph replay differs", (long long)t);
+    moejit_graph_destroy(ops_ctx(), g);
+    /* capacity below T: tokens past it are dropped, and counted */
+    if (t > 1) {
+      moejit_moe_args small = args_for(&r, 1, t, t / 2);
+      void *part = forward(&r, r.ep, &small, NULL);
+      ops_download(&dropped, r.dropped, 4);
+      cr_assert_eq(dropped, t - t / 2, "T=%lld capacity %lld: %d dropped", (long long)t,
+                   (long long)(t / 2), dropped);
+      cr_assert_eq(memcmp(ref, part, bytes / t * (t / 2)), 0,
+                   "the tokens within the capacity are unchanged");
+      free(part);
+    }
+    free(ref);
+    free(exact);
+    free(cap);
+    free(replay);
+  }
+  /* a rank without tokens still takes part */
+  moejit_moe_args none = args_for(&r, 1, 0, 0);
+  OPS_OK(moejit_moe_forward(r.ep, &none, NULL));
+  none.ep_capacity = 16;
+  OPS_OK(moejit_moe_forward(r.ep, &none, NULL));
+  ops_sync();
+  OPS_OK(moejit_stream_destroy(ops_ctx(), stream));
+  one_rank_free(&r);
+}
+
+Test(ep, bad_options_and_arguments_are_refused) {
+  require_gpu_and_nccl();
+  moejit_nccl_id id;
+  OPS_OK(moejit_nccl_unique_id(&id));
+  /* refused before joining any communicator: nothing waits */
+  load_ep("qwen3-30b-a3b", 2, 0, NULL, NULL, MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "nccl_id"), "%s", moejit_last_error());
+  load_ep("qwen3-30b-a3b", 2, 2, &id, NULL, MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "ep.rank = 2"), "%s", moejit_last_error());
+  load_ep("qwen3-30b-a3b", 65, 0, &id, NULL, MOEJIT_ERR_INVALID_ARGUMENT);
+  int32_t owner[128];
+  for (int e = 0; e < 128; e++) owner[e] = e % 2;
+  owner[100] = 7;
+  load_ep("qwen3-30b-a3b", 2, 0, &id, owner, MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "expert_owner[100] = 7"), "%s", moejit_last_error());
+
+  one_rank r;
+  one_rank_make(&r, "qwen3-30b-a3b", 64);
+  moejit_moe_args a = args_for(&r, 1, 64, -1);
+  cr_assert_eq(moejit_moe_forward(r.ep, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "ep_capacity = -1"), "%s", moejit_last_error());
+  a = args_for(&r, 1, 64, 0);
+  a.workspace_bytes = 1024;
+  cr_assert_eq(moejit_moe_forward(r.ep, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "workspace_bytes"), "%s", moejit_last_error());
+  moejit_event ev[MOEJIT_EP_EVENTS] = {0};
+  a = args_for(&r, 1, 64, 64);
+  a.ep_events = ev;
+  cr_assert_eq(moejit_moe_forward(r.ep, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "ep_events[0]"), "%s", moejit_last_error());
+  a = args_for(&r, 1, 64, 0x7fffffff);
+  cr_assert_eq(moejit_moe_forward(r.ep, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  /* exact mode waits on the host: not inside a capture */
+  moejit_stream stream;
+  OPS_OK(moejit_stream_create(ops_ctx(), &stream));
+  a = args_for(&r, 1, 64, 0);
+  OPS_OK(moejit_graph_begin_capture(ops_ctx(), stream));
+  cr_assert_eq(moejit_moe_forward(r.ep, &a, stream), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "HINT"), "%s", moejit_last_error());
+  moejit_graph *g = NULL;
+  OPS_OK(moejit_graph_end_capture(ops_ctx(), stream, &g)); /* nothing was captured */
+  moejit_graph_destroy(ops_ctx(), g);
+  OPS_OK(moejit_stream_destroy(ops_ctx(), stream));
+  /* expert-parallel queries on a one-GPU model */
+  moejit_ep_info info;
+  cr_assert_eq(moejit_model_ep_info(r.single, &info), MOEJIT_ERR_UNSUPPORTED);
+  char buf[16];
+  cr_assert_eq(moejit_ep_alltoall(r.single, buf, buf, 4, NULL), MOEJIT_ERR_UNSUPPORTED);
+  int n = -1;
+  cr_assert_eq(moejit_model_ep_local_experts(r.ep, NULL, 0, &n), MOEJIT_OK);
+  cr_assert_eq(n, 128);
+  one_rank_free(&r);
+}
+
+/* ---- several ranks, one process per GPU ---------------------------------- */
+
+/* The number after "key": in s (up to the next '}'), or NAN. */
+static double json_num(const char *obj, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  const char *end = strchr(obj, '}'), *p = strstr(obj, pat);
+  if (!p || (end && p > end)) return 0.0 / 0.0;
+  return strtod(p + strlen(pat), NULL);
+}
+
+static void run_ranks(int world, const char *preset, const char *route) {
+  require_gpu_and_nccl();
+  if (device_count() < world)
+    cr_skip_test("%d ranks need %d GPUs; this machine has %d", world, world, device_count());
+  char ep[8];
+  snprintf(ep, sizeof ep, "%d", world);
+  const char *args[] = {MOEJIT_CLI_PATH, "run",    "--preset", preset,   "--ep", ep,
+                        "--ep-route",    route,    "--tokens", "1,256,4096", "--iters", "3",
+                        "--json",        NULL};
+  char *out = NULL, *err = NULL;
+  int rc = ts_run_cli(args, NULL, &out, &err);
+  cr_assert_eq(rc, 0, "moejit run --ep %d %s %s: exit %d\n%s\n%s", world, preset, route, rc, out,
+               err);
+  cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  int points = 0;
+  for (const char *p = strstr(out, "{\"rank\":"); p; p = strstr(p + 1, "{\"rank\":")) {
+    points++;
+    const double t = json_num(p, "tokens"), rank = json_num(p, "rank");
+    cr_assert(strstr(p, "\"ok\":true") && strstr(p, "\"ok\":true") < strchr(p, '}'),
+              "rank %g T=%g failed: %.400s", rank, t, p);
+    cr_assert_eq(json_num(p, "dropped"), 0);
+    if (t > 0) {
+      cr_assert_leq(json_num(p, "err_exact"), 1e-2, "rank %g T=%g", rank, t);
+      cr_assert_geq(json_num(p, "err_exact"), 0);
+      cr_assert_leq(json_num(p, "err_capacity"), 1e-2, "rank %g T=%g", rank, t);
+      cr_assert_leq(json_num(p, "err_f64"), 1e-2, "rank %g T=%g", rank, t);
+    } else {
+      cr_assert(!strcmp(route, "idle-rank") && rank == world - 1, "T=0 only on the idle rank");
+    }
+    cr_assert_gt(json_num(p, "graph_ms"), 0);
+  }
+  cr_assert_eq(points, 3 * world, "%d points for %d ranks x 3 token counts", points, world);
+  free(out);
+  free(err);
+}
+
+Test(ep, one_rank_cli_deepseek) { run_ranks(1, "deepseek-v3", "uniform"); }
+Test(ep, two_ranks_deepseek_uniform) { run_ranks(2, "deepseek-v3", "uniform"); }
+Test(ep, two_ranks_qwen3_uniform) { run_ranks(2, "qwen3-30b-a3b", "uniform"); }
+Test(ep, two_ranks_deepseek_all_tokens_on_one_rank) { run_ranks(2, "deepseek-v3", "one-rank"); }
+Test(ep, two_ranks_qwen3_all_tokens_on_one_rank) { run_ranks(2, "qwen3-30b-a3b", "one-rank"); }
+Test(ep, two_ranks_qwen3_a_rank_without_tokens) { run_ranks(2, "qwen3-30b-a3b", "idle-rank"); }
+Test(ep, four_ranks_qwen3_uniform) { run_ranks(4, "qwen3-30b-a3b", "uniform"); }
