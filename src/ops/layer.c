@@ -109,9 +109,13 @@ static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout
   return MOEJIT_OK;
 }
 
-static moejit_status check_layer_model(const moejit_model *m, const char *op) {
+/* The expert half of a layer (an expert-parallel model's local layer has
+ * no router); the forward needs the router too. */
+#define MJ_OPS_EXPERTS (MJ_OPS_LAYER & ~MJ_OPS_ROUTE)
+
+static moejit_status check_layer_model(const moejit_model *m, const char *op, unsigned need) {
   if (!m) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: model is NULL", op);
-  if ((m->families & MJ_OPS_LAYER) != MJ_OPS_LAYER)
+  if ((m->families & need) != need)
     return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                                     "%s: this model holds only some kernels of the layer; HINT: "
                                     "load it with moejit_model_load_config or "
@@ -124,7 +128,7 @@ moejit_status moejit_moe_workspace_size(const moejit_model *model, int64_t max_t
                                         size_t *bytes) {
   const char *op = "moejit_moe_workspace_size";
   if (model && model->ep) return mj_ep_workspace_size(model, max_tokens, bytes);
-  moejit_status st = check_layer_model(model, op);
+  moejit_status st = check_layer_model(model, op, MJ_OPS_EXPERTS);
   if (st) return st;
   if (!bytes)
     return mj_model_fail(model, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", op));
@@ -198,7 +202,7 @@ static moejit_status check_workspace(const moejit_model *m, const char *op, int6
 static moejit_status check_forward(const moejit_model *m, const moejit_moe_args *a, ws_layout *l,
                                    gemm_choices *c) {
   static const char *op = "moejit_moe_forward";
-  moejit_status st = check_layer_model(m, op);
+  moejit_status st = check_layer_model(m, op, MJ_OPS_LAYER);
   if (st) return st;
   if (!a) return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: args is NULL", op));
   if ((st = mj_check_tokens(m, op, a->tokens)) || (st = mj_moe_check_pointers(m, a))) return st;
