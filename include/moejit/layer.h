@@ -162,7 +162,9 @@ typedef struct moejit_moe_args {
    *      number of such (token, rank) pairs goes to *ep_dropped. Capacity
    *      >= the largest T of any rank drops nothing.
    * ep_dropped: NULL or a device int32 [1], written every forward.
-   * ep_events: NULL or MOEJIT_EP_EVENTS events of the model's ctx. */
+   * ep_events: NULL or MOEJIT_EP_EVENTS events of the model's ctx, recorded at
+   * the phase boundaries (moejit/ep.h); inside a capture they become event
+   * nodes of the graph, recorded at every replay. */
   int64_t ep_capacity;
   int32_t *ep_dropped;
   moejit_event *ep_events;

@@ -93,7 +93,7 @@ static moejit_status check_args(const moejit_model *m, const moejit_moe_args *a,
 
 static moejit_status record(const moejit_model *m, const moejit_moe_args *a, int i,
                             moejit_stream stream) {
-  return a->ep_events ? moejit_event_record(m->ctx, a->ep_events[i], stream) : MOEJIT_OK;
+  return a->ep_events ? mj_ctx_record_event(m->ctx, a->ep_events[i], stream) : MOEJIT_OK;
 }
 
 /* Rows this rank sends to / receives from each peer, and where each

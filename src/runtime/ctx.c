@@ -165,6 +165,21 @@ int mj_ctx_stream_capturing(moejit_ctx *ctx, moejit_stream stream) {
   return r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+moejit_status mj_ctx_record_event(moejit_ctx *ctx, moejit_event event, moejit_stream stream) {
+  if (!mj_ctx_stream_capturing(ctx, stream)) return moejit_event_record(ctx, event, stream);
+  if (!ctx->d->EventRecordWithFlags)
+    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                                    "recording an event inside a stream capture needs "
+                                    "cuEventRecordWithFlags (CUDA 11.1 or newer driver)"));
+  moejit_status st = mj_ctx_enter(ctx);
+  if (st) return st;
+  st = mj_cu_check(ctx->d->EventRecordWithFlags((CUevent)event, (CUstream)stream,
+                                                CU_EVENT_RECORD_EXTERNAL),
+                   "cuEventRecordWithFlags");
+  mj_ctx_leave(ctx);
+  return mj_ctx_fail(ctx, st);
+}
+
 const struct mj_driver *mj_ctx_driver(const moejit_ctx *ctx) {
   return ctx ? ctx->d : NULL;
 }

@@ -79,6 +79,8 @@ static const driver_symbol driver_symbols[] = {
     OPT(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters",
         "cuOccupancyMaxActiveClusters", MJ_DRIVER_ABI_VERSION),
     OPT(StreamIsCapturing, "cuStreamIsCapturing", "cuStreamIsCapturing", MJ_DRIVER_ABI_VERSION),
+    OPT(EventRecordWithFlags, "cuEventRecordWithFlags", "cuEventRecordWithFlags",
+        MJ_DRIVER_ABI_VERSION),
 };
 
 /* Outcome of the one-time load and init, replayed to every caller. */

@@ -64,6 +64,11 @@ moejit_status mj_ctx_launch_cluster(moejit_ctx *ctx, CUfunction fn, const unsign
  * cannot say). */
 int mj_ctx_stream_capturing(moejit_ctx *ctx, moejit_stream stream);
 
+/* cuEventRecord, or, while `stream` is being captured, an event-record
+ * node of the graph (CU_EVENT_RECORD_EXTERNAL), so that each replay
+ * records the event where a plain record would only mark a dependency. */
+moejit_status mj_ctx_record_event(moejit_ctx *ctx, moejit_event event, moejit_stream stream);
+
 /* The ctx's driver table (for the few callers outside src/runtime that
  * need a raw driver call, e.g. cuStreamSynchronize around NCCL). */
 const struct mj_driver *mj_ctx_driver(const moejit_ctx *ctx);
@@ -150,6 +155,7 @@ typedef struct mj_driver {
   PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncodeTiled; /* TMA descriptors (gemm wgmma path) */
   PFN_cuOccupancyMaxActiveClusters_v11070 OccupancyMaxActiveClusters; /* persistent clusters */
   PFN_cuStreamIsCapturing_v10000 StreamIsCapturing; /* expert parallelism's exact mode */
+  PFN_cuEventRecordWithFlags_v11010 EventRecordWithFlags; /* events inside a capture */
 } mj_driver;
 
 /* Loads libcuda and resolves the table, once per process (thread-safe).

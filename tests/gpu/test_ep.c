@@ -261,7 +261,7 @@ static void run_ranks(int world, const char *preset, const char *route) {
     cr_skip_test("%d ranks need %d GPUs; this machine has %d", world, world, device_count());
   char ep[8];
   snprintf(ep, sizeof ep, "%d", world);
-  const char *args[] = {MOEJIT_CLI_PATH, "run",    "--preset", preset,   "--ep", ep,
+  const char *args[] = {"run",    "--preset", preset,   "--ep", ep,
                         "--ep-route",    route,    "--tokens", "1,256,4096", "--iters", "3",
                         "--json",        NULL};
   char *out = NULL, *err = NULL;
