@@ -134,14 +134,18 @@ MOEJIT_API moejit_status moejit_model_gemm_choice(const moejit_model *model, con
  * top-k weights are applied in combine (fp32, after y is rounded to the
  * activation dtype), not as a GEMM 2 row scale. */
 typedef struct moejit_moe_args {
-  int64_t tokens;          /* T, 1 .. INT32_MAX / top_k */
+  int64_t tokens;          /* T, 1 .. INT32_MAX / top_k (expert-parallel: 0
+                              too, for a rank without tokens this step) */
   const void *x;           /* [T, d] of spec.act_dtype; 16-byte aligned */
   const void *logits;      /* [T, E] router logits of spec.logits_dtype; 16-byte aligned */
   const float *route_bias; /* [E] fp32 selection bias (sigmoid rule) or NULL;
                               16-byte aligned */
   const void *w1;          /* [E, 2f, d] of spec.weight_dtype (gate rows, then
-                              up rows); 16-byte aligned */
-  const void *w2;          /* [E, d, f] of spec.weight_dtype; 16-byte aligned */
+                              up rows); 16-byte aligned. Expert-parallel: this
+                              rank's local experts only, [E_local, 2f, d] in
+                              moejit_model_ep_local_experts order */
+  const void *w2;          /* [E, d, f] of spec.weight_dtype; 16-byte aligned
+                              (expert-parallel: [E_local, d, f]) */
   void *out;               /* out [T, d] of spec.out_dtype; 16-byte aligned */
   void *workspace;         /* moejit_moe_workspace_size(T) bytes or more,
                               256-byte aligned; no initialization needed */

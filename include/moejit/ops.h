@@ -59,7 +59,10 @@ MOEJIT_API moejit_status moejit_model_load(moejit_ctx *ctx, const moejit_spec *s
 
 /* Frees the model (its kernels stay loaded in the ctx until the ctx is
  * destroyed). NULL is a no-op. The GPU must be done with work it launched
- * only if the caller frees buffers too; the model owns no device memory. */
+ * only if the caller frees buffers too; a single-GPU model owns no device
+ * memory. An expert-parallel model frees its placement maps and destroys
+ * the NCCL communicator it created (not a caller's): wait for its
+ * forwards first. */
 MOEJIT_API void moejit_model_destroy(moejit_model *model);
 
 /* The model's copy of its spec (valid until moejit_model_destroy); NULL for
