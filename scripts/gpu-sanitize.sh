@@ -9,18 +9,18 @@
 # errors, failed or timed out.
 #
 #   scripts/gpu-sanitize.sh BUILD_DIR [TOOL...]     tools: memcheck racecheck initcheck synccheck
-#   GPU_SANITIZE_BINARIES="test_gemm test_layer"    which test binaries (default: all seven)
+#   GPU_SANITIZE_BINARIES="test_gemm test_layer"    which test binaries (default: all eight)
 #   GPU_SANITIZE_TIMEOUT=120                        seconds per run
 #   GPU_SANITIZE_FILTER_test_gemm_racecheck='gemm/routing_edge_cases'   override one filter
 #   OUT=out                                         logs go to $OUT/sanitize/ (plus summary.txt)
-# All four tools over all seven binaries take up to 28 x GPU_SANITIZE_TIMEOUT
+# All four tools over all eight binaries take up to 32 x GPU_SANITIZE_TIMEOUT
 # seconds: where a session has a time limit, run one or two tools per call.
 set -uo pipefail
 B=${1:?usage: scripts/gpu-sanitize.sh BUILD_DIR [memcheck racecheck initcheck synccheck]}
 shift
 tools=("$@")
 [[ ${#tools[@]} -eq 0 ]] && tools=(memcheck racecheck initcheck synccheck)
-read -r -a bins <<<"${GPU_SANITIZE_BINARIES:-test_runtime test_route test_align test_combine test_gemm test_layer test_badargs}"
+read -r -a bins <<<"${GPU_SANITIZE_BINARIES:-test_runtime test_route test_align test_combine test_gemm test_layer test_badargs test_ep}"
 limit=${GPU_SANITIZE_TIMEOUT:-120}
 OUT=${OUT:-out}
 LOGS=$OUT/sanitize
@@ -51,6 +51,8 @@ filter_for() { # binary class
     test_layer:race) echo 'layer/@(capture_needs_a_real_stream|bad_arguments_are_refused_before_launching)' ;;
     test_badargs:full) echo 'badargs_gpu/*' ;;
     test_badargs:race) echo 'badargs_gpu/@(align_drops_ids_out_of_range|forward_with_nan_and_inf_logits_stays_finite)' ;;
+    test_ep:full) echo 'ep/@(one_rank_small_is_bitwise_the_single_gpu_layer|bad_options_and_arguments_are_refused)' ;;
+    test_ep:race) echo 'ep/one_rank_small_is_bitwise_the_single_gpu_layer' ;;
     *) echo '*' ;;
   esac
 }

@@ -1,7 +1,8 @@
 /* Expert parallelism on a GPU (docs/ep.md).
  *  - One rank, library calls: the expert-parallel forward (exact and fixed
  *    capacity, eager and graph-captured) gives bit for bit the single-GPU
- *    layer's output at T = 1, 37, 256, 4096, and a rank with T = 0 runs.
+ *    layer's output at T = 1, 37, 256, 4096; a capacity below T drops and
+ *    counts exactly the tokens past it; a rank with T = 0 runs.
  *  - Bad options and arguments are refused before anything waits on a peer.
  *  - Several ranks (one process per GPU, through `moejit run --ep N`, which
  *    checks each rank against the one-GPU layer on the same inputs and a
@@ -135,14 +136,13 @@ static void *forward(one_rank *r, const moejit_model *m, const moejit_moe_args *
   return host;
 }
 
-Test(ep, one_rank_is_bitwise_the_single_gpu_layer) {
+static void one_rank_bitwise(const int64_t *ts, size_t n_ts) {
   require_gpu_and_nccl();
-  static const int64_t ts[] = {1, 37, 256, 4096};
   one_rank r;
-  one_rank_make(&r, "qwen3-30b-a3b", 4096);
+  one_rank_make(&r, "qwen3-30b-a3b", ts[n_ts - 1]);
   moejit_stream stream;
   OPS_OK(moejit_stream_create(ops_ctx(), &stream));
-  for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
+  for (size_t i = 0; i < n_ts; i++) {
     const int64_t t = ts[i];
     const size_t bytes = (size_t)t * r.s->hidden * moejit_dtype_size(r.s->out_dtype);
     moejit_moe_args a1 = args_for(&r, 0, t, 0), ae = args_for(&r, 1, t, 0),
@@ -188,6 +188,17 @@ Test(ep, one_rank_is_bitwise_the_single_gpu_layer) {
   ops_sync();
   OPS_OK(moejit_stream_destroy(ops_ctx(), stream));
   one_rank_free(&r);
+}
+
+/* Small T also serves compute-sanitizer (scripts/gpu-sanitize.sh). */
+Test(ep, one_rank_small_is_bitwise_the_single_gpu_layer) {
+  static const int64_t ts[] = {1, 37};
+  one_rank_bitwise(ts, 2);
+}
+
+Test(ep, one_rank_large_is_bitwise_the_single_gpu_layer) {
+  static const int64_t ts[] = {256, 4096};
+  one_rank_bitwise(ts, 2);
 }
 
 Test(ep, bad_options_and_arguments_are_refused) {
