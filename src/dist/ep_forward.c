@@ -185,7 +185,9 @@ static moejit_status exchange_counts(const moejit_model *m, void *ws, const mj_e
     one.send_at[r] = one.recv_at[r] = r;
   }
   const ep_xfer x = {AT(ws, l->counts), AT(ws, l->recv_counts), sizeof(int32_t)};
-  moejit_status st = exchange(m, &one, &x, 1, 0, stream);
+  /* no peer writes this rank's own slot: zero it, so all W are defined */
+  moejit_status st = moejit_memset_d32(m->ctx, AT(ws, l->recv_counts), 0, (size_t)p->world, stream);
+  if (!st) st = exchange(m, &one, &x, 1, 0, stream);
   if (st) return st;
   const size_t bytes = (size_t)p->world * sizeof(int32_t);
   if ((st = moejit_memcpy_dtoh(m->ctx, counts, AT(ws, l->counts), bytes, stream))) return st;
