@@ -107,33 +107,55 @@ static void compile_family(size_t i, void *arg) {
   if (j->status) snprintf(j->message, sizeof j->message, "%s", moejit_last_error());
 }
 
-static moejit_status resolve(moejit_model *m, const char *family, const char *entry,
-                             CUfunction *slot) {
-  CUfunction fn;
-  moejit_status st = mj_ctx_get_function(m->ctx, &m->spec, family, entry, slot ? slot : &fn);
-  return st ? mj_fail_prefix(st, "moejit_model_load: kernel '%s'", entry) : MOEJIT_OK;
-}
-
 /* Row counts whose launch plans name every entry a GEMM launcher may pick
  * (the plan may switch kernels with the row count). */
 static const int64_t gemm_probe_rows[] = {1, 64, 4096, 1 << 20};
 
-/* Warms the ctx's kernel memo with the exact (spec, family, entry) the
- * launcher looks up for `plan` of `spec`. */
-static moejit_status warm_plan(moejit_model *m, const moejit_spec *spec, int which,
-                               const mj_gemm_plan *plan) {
-  moejit_spec scratch;
-  const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, plan, &scratch);
-  CUfunction fn;
-  moejit_status st = mj_ctx_get_function(m->ctx, kspec, plan->family, plan->entry, &fn);
-  return st ? mj_fail_prefix(st, "moejit_model_load: kernel '%s'", plan->entry) : MOEJIT_OK;
+/* One kernel the load makes sure of: its (spec, family, entry) enters the
+ * ctx's memo, so a forward never generates code or loads a module. */
+typedef struct warm_job {
+  moejit_spec spec;
+  const char *family, *entry;
+  char what[96]; /* for the error: "kernel 'x'" or "tuned T=n" */
+  moejit_status status;
+  char message[1024];
+} warm_job;
+
+typedef struct warm_list {
+  moejit_model *m;
+  warm_job *jobs;
+  size_t n, cap;
+} warm_list;
+
+static moejit_status warm_add(warm_list *w, const moejit_spec *spec, const char *family,
+                              const char *entry, const char *what) {
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? 2 * w->cap : 32;
+    warm_job *j = realloc(w->jobs, cap * sizeof *j);
+    if (!j) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_load: out of memory");
+    w->jobs = j, w->cap = cap;
+  }
+  warm_job *j = &w->jobs[w->n++];
+  memset(j, 0, sizeof *j);
+  j->spec = *spec;
+  j->family = family, j->entry = entry;
+  mj_strlcpy(j->what, what, sizeof j->what);
+  return MOEJIT_OK;
 }
 
-/* Warms the memo for every entry the GEMM launchers may pick: the
- * heuristic's (spec + AUTO: mma.sync, its decode tile, or wgmma on sm_90a
- * when enabled) and each tuned variant's (its spec + path), so a forward
- * never generates code or loads a module. */
-static moejit_status resolve_gemm(moejit_model *m, int which) {
+/* The exact (spec, family, entry) the launcher looks up for `plan`. */
+static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
+                               const mj_gemm_plan *plan, const char *what) {
+  moejit_spec scratch;
+  const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, plan, &scratch);
+  return warm_add(w, kspec, plan->family, plan->entry, what);
+}
+
+/* Every entry the GEMM launchers may pick: the heuristic's (spec + AUTO:
+ * mma.sync, its decode tile, or wgmma on sm_90a when enabled) and each
+ * tuned variant's (its spec + path). */
+static moejit_status list_gemm(warm_list *w, int which) {
+  moejit_model *m = w->m;
   const char *arch = mj_ctx_arch(m->ctx);
   mj_gemm_plan plan;
   moejit_status st;
@@ -141,31 +163,64 @@ static moejit_status resolve_gemm(moejit_model *m, int which) {
     st = mj_gemm_plan_make_for(&m->spec, which, MOEJIT_GEMM_PATH_AUTO, gemm_probe_rows[i], arch,
                                &plan);
     if (st) return mj_fail_prefix(st, "moejit_model_load");
-    if ((st = warm_plan(m, &m->spec, which, &plan))) return st;
+    char what[96];
+    snprintf(what, sizeof what, "kernel '%s'", plan.entry);
+    if ((st = warm_plan(w, &m->spec, which, &plan, what))) return st;
   }
   const mj_gemm_variants *vs = &m->gemm_variants[which - 1];
   for (int i = 0; i < vs->n; i++) {
     moejit_spec vspec;
+    char what[96];
+    snprintf(what, sizeof what, "tuned T=%lld", (long long)vs->v[i].tokens);
     mj_gemm_variant_spec(&m->spec, which, &vs->v[i], &vspec);
     st = mj_gemm_plan_make_for(&vspec, which, vs->v[i].path, vs->v[i].tokens * m->spec.top_k,
                                arch, &plan);
-    if (st) return mj_fail_prefix(st, "moejit_model_load: tuned T=%lld", (long long)vs->v[i].tokens);
-    if ((st = warm_plan(m, &vspec, which, &plan))) return st;
+    if (st) return mj_fail_prefix(st, "moejit_model_load: %s", what);
+    if ((st = warm_plan(w, &vspec, which, &plan, what))) return st;
   }
   return MOEJIT_OK;
 }
 
+/* Worker: code generation and the cache key run here, in parallel; module
+ * loads serialize on the ctx. */
+static void warm_one(size_t i, void *arg) {
+  warm_list *w = arg;
+  warm_job *j = &w->jobs[i];
+  CUfunction fn;
+  j->status = mj_ctx_get_function(w->m->ctx, &j->spec, j->family, j->entry, &fn);
+  if (j->status) snprintf(j->message, sizeof j->message, "%s", moejit_last_error());
+}
+
+static moejit_status warm_all(moejit_model *m, unsigned families) {
+  warm_list w = {.m = m};
+  moejit_status st = MOEJIT_OK;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kernel_entries) && !st; i++) {
+    const kernel_entry *k = &kernel_entries[i];
+    char what[96];
+    snprintf(what, sizeof what, "kernel '%s'", k->entry);
+    if (families & k->family) st = warm_add(&w, &m->spec, k->family_name, k->entry, what);
+  }
+  if (!st && (families & MJ_OPS_GEMM1)) st = list_gemm(&w, 1);
+  if (!st && (families & MJ_OPS_GEMM2)) st = list_gemm(&w, 2);
+  if (!st) mj_parallel_for(w.n, 0, warm_one, &w);
+  for (size_t i = 0; i < w.n && !st; i++)
+    if (w.jobs[i].status)
+      st = mj_fail(w.jobs[i].status, "moejit_model_load: %s: %s", w.jobs[i].what,
+                   w.jobs[i].message);
+  free(w.jobs);
+  return st;
+}
+
 static moejit_status load_functions(moejit_model *m, unsigned families) {
-  for (size_t i = 0; i < MJ_ARRAY_LEN(kernel_entries); i++) {
+  moejit_status st = warm_all(m, families);
+  if (st) return st;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kernel_entries); i++) { /* memo hits now */
     const kernel_entry *k = &kernel_entries[i];
     if (!(families & k->family)) continue;
     CUfunction *slot = (CUfunction *)((char *)m + k->slot);
-    moejit_status st = resolve(m, k->family_name, k->entry, slot);
-    if (st) return st;
+    st = mj_ctx_get_function(m->ctx, &m->spec, k->family_name, k->entry, slot);
+    if (st) return mj_fail_prefix(st, "moejit_model_load: kernel '%s'", k->entry);
   }
-  moejit_status st;
-  if ((families & MJ_OPS_GEMM1) && (st = resolve_gemm(m, 1))) return st;
-  if ((families & MJ_OPS_GEMM2) && (st = resolve_gemm(m, 2))) return st;
   m->families = families & (MJ_OPS_LAYER | MJ_OPS_EP);
   return MOEJIT_OK;
 }
