@@ -94,6 +94,14 @@ __device__ __forceinline__ void ep_segments(const int *__restrict__ counts, int 
   __syncthreads();
 }
 
+// A warp per token: this warp's first token and the grid's warp count.
+__device__ __forceinline__ int ep_first_warp() {
+  return (int)blockIdx.x * (int)(blockDim.x / 32) + (int)(threadIdx.x / 32);
+}
+__device__ __forceinline__ int ep_warps() {
+  return (int)gridDim.x * (int)(blockDim.x / 32);
+}
+
 typedef mj_words<act_t, mj_pow2_divisor(kHidden, 16 / mj_dtype<act_t>::kBytes)> act_words;
 static constexpr int kActVec = mj_pow2_divisor(kHidden, 16 / mj_dtype<act_t>::kBytes);
 
@@ -110,10 +118,8 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
                    int *__restrict__ dropped) {
   __shared__ int seg[kMaxWorld];
   ep_segments(counts, world, rank, capacity, seg);
-  const int lane = mj_lane_id(), warps = (int)(blockDim.x / 32);
-  const int gwarp = (int)blockIdx.x * warps + (int)(threadIdx.x / 32);
-  const int nwarps = (int)gridDim.x * warps;
-  for (int t = gwarp; t < tokens; t += nwarps) {
+  const int lane = mj_lane_id();
+  for (int t = ep_first_warp(); t < tokens; t += ep_warps()) {
     unsigned long long m = __ldg(mask + t);
     const int e = lane < kTopK ? __ldg(ids + (size_t)t * kTopK + lane) : -1;
     const bool valid = e >= 0 && e < kExperts;
@@ -173,10 +179,8 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
                       int capacity, int self_base, out_t *__restrict__ out) {
   __shared__ int seg[kMaxWorld];
   ep_segments(counts, world, rank, capacity, seg);
-  const int lane = mj_lane_id(), warps = (int)(blockDim.x / 32);
-  const int gwarp = (int)blockIdx.x * warps + (int)(threadIdx.x / 32);
-  const int nwarps = (int)gridDim.x * warps;
-  for (int t = gwarp; t < tokens; t += nwarps) {
+  const int lane = mj_lane_id();
+  for (int t = ep_first_warp(); t < tokens; t += ep_warps()) {
     const unsigned long long m0 = __ldg(mask + t);
     for (int v = lane; v < kHidden / kOutVec; v += 32) {
       float acc[kOutVec];

@@ -113,6 +113,16 @@ static void plan_capacity(const mj_ep_placement *p, int64_t cap, ep_plan *pl) {
   pl->self_base = p->rank * cap;
 }
 
+/* One unit (a count, or one block of bytes) to and from each peer, unit r
+ * at offset r: the count exchange and moejit_ep_alltoall. */
+static void plan_one_each(const mj_ep_placement *p, ep_plan *pl) {
+  memset(pl, 0, sizeof *pl);
+  for (int r = 0; r < p->world; r++) {
+    pl->send[r] = pl->recv[r] = r == p->rank ? 0 : 1;
+    pl->send_at[r] = pl->recv_at[r] = r;
+  }
+}
+
 /* counts: rows to each rank (own included); recv: rows from each rank. */
 static void plan_exact(const mj_ep_placement *p, const int32_t *counts, const int32_t *recv,
                        ep_plan *pl) {
@@ -179,11 +189,7 @@ static moejit_status exchange_counts(const moejit_model *m, void *ws, const mj_e
                                      int32_t *counts, int32_t *recv, moejit_stream stream) {
   const mj_ep_placement *p = &m->ep->place;
   ep_plan one;
-  memset(&one, 0, sizeof one);
-  for (int r = 0; r < p->world; r++) {
-    one.send[r] = one.recv[r] = r == p->rank ? 0 : 1;
-    one.send_at[r] = one.recv_at[r] = r;
-  }
+  plan_one_each(p, &one);
   const ep_xfer x = {AT(ws, l->counts), AT(ws, l->recv_counts), sizeof(int32_t)};
   /* no peer writes this rank's own slot: zero it, so all W are defined */
   moejit_status st = moejit_memset_d32(m->ctx, AT(ws, l->recv_counts), 0, (size_t)p->world, stream);
@@ -336,11 +342,7 @@ moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send, vo
   if (bytes_per_rank == 0) return MOEJIT_OK;
   const mj_ep_placement *p = &model->ep->place;
   ep_plan pl;
-  memset(&pl, 0, sizeof pl);
-  for (int r = 0; r < p->world; r++) {
-    pl.send[r] = pl.recv[r] = r == p->rank ? 0 : 1;
-    pl.send_at[r] = pl.recv_at[r] = r;
-  }
+  plan_one_each(p, &pl);
   const ep_xfer x = {send, recv, bytes_per_rank};
   moejit_status st = exchange(model, &pl, &x, 1, 0, stream);
   if (st) return st;
