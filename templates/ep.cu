@@ -32,7 +32,8 @@ static_assert(kBlockThreads % 32 == 0, "ep: block_threads must be a multiple of 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     moejit_ep_mask(const int *__restrict__ ids, const int *__restrict__ owner, int tokens,
                    unsigned long long *__restrict__ mask) {
-  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < tokens; t += gridDim.x * blockDim.x) {
+  for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < tokens;
+       t += (long long)gridDim.x * blockDim.x) {
     unsigned long long m = 0;
 #pragma unroll
     for (int j = 0; j < kTopK; ++j) {
@@ -53,8 +54,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
   __shared__ int warp_total[kScanThreads / 32];
   const int r = blockIdx.x, warp = (int)(threadIdx.x / 32), lane = mj_lane_id();
   int base = 0;
-  for (int c = 0; c < tokens; c += kScanThreads) {
-    const int t = c + (int)threadIdx.x;
+  for (long long c = 0; c < tokens; c += kScanThreads) {
+    const long long t = c + threadIdx.x;
     const bool f = t < tokens && ((__ldg(mask + t) >> r) & 1ull);
     const unsigned b = __ballot_sync(MJ_FULL_MASK, f);
     if (lane == 0) warp_total[warp] = __popc(b);
@@ -119,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   __shared__ int seg[kMaxWorld];
   ep_segments(counts, world, rank, capacity, seg);
   const int lane = mj_lane_id();
-  for (int t = ep_first_warp(); t < tokens; t += ep_warps()) {
+  for (long long t = ep_first_warp(); t < tokens; t += ep_warps()) {
     unsigned long long m = __ldg(mask + t);
     const int e = lane < kTopK ? __ldg(ids + (size_t)t * kTopK + lane) : -1;
     const bool valid = e >= 0 && e < kExperts;
@@ -180,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   __shared__ int seg[kMaxWorld];
   ep_segments(counts, world, rank, capacity, seg);
   const int lane = mj_lane_id();
-  for (int t = ep_first_warp(); t < tokens; t += ep_warps()) {
+  for (long long t = ep_first_warp(); t < tokens; t += ep_warps()) {
     const unsigned long long m0 = __ldg(mask + t);
     for (int v = lane; v < kHidden / kOutVec; v += 32) {
       float acc[kOutVec];

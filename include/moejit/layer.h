@@ -67,7 +67,7 @@ typedef struct moejit_load_opts {
    * (as $MOEJIT_TUNED_DISABLE=1 does for every load). */
   int tuned_disable;
   /* Expert parallelism (moejit/ep.h, docs/ep.md): all zero for one GPU.
-   * With ep.world > 0 the load joins or adopts the NCCL communicator,
+   * With ep.world > 0 (or ep.nccl_comm set) the load joins or adopts the NCCL communicator,
    * places the experts, and JIT-builds the layer's kernels for this rank's
    * local experts only (the router for all of them). */
   moejit_ep_opts ep;
@@ -135,7 +135,8 @@ MOEJIT_API moejit_status moejit_model_gemm_choice(const moejit_model *model, con
  * activation dtype), not as a GEMM 2 row scale. */
 typedef struct moejit_moe_args {
   int64_t tokens;          /* T, 1 .. INT32_MAX / top_k (expert-parallel: 0
-                              too, for a rank without tokens this step) */
+                              too, for a rank without tokens this step; x,
+                              logits and out may then be NULL) */
   const void *x;           /* [T, d] of spec.act_dtype; 16-byte aligned */
   const void *logits;      /* [T, E] router logits of spec.logits_dtype; 16-byte aligned */
   const float *route_bias; /* [E] fp32 selection bias (sigmoid rule) or NULL;

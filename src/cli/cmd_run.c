@@ -107,6 +107,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
             a->ep);
     return CLI_EXIT_USAGE;
   }
+  if (a->ep_device >= 0 && a->ep_rank < 0) {
+    fprintf(stderr, "moejit: --ep-device goes with --ep-rank (the launcher puts rank r on GPU r)\n");
+    return CLI_EXIT_USAGE;
+  }
   if (a->ep_rank >= 0 && !a->ep_id_file) {
     fprintf(stderr,
             "moejit: --ep-rank needs --ep-id-file PATH (rank 0 writes the NCCL id there, the "

@@ -27,6 +27,9 @@
 #include "cli/run_gpu.h"
 
 #define EP_WARMUPS 3
+/* A rank's exit code when it ran to the end but a check failed: its peers
+ * finish too (they are killed only when a rank stops early). */
+#define EP_EXIT_CHECK 3
 #define EP_SAMPLES 6
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -559,7 +562,7 @@ static int rank_main(const run_args *a, int report_fd) {
   } else if (report_fd >= 0) {
     for (int i = 0; i < n; i++)
       if (write(report_fd, &pts[i], sizeof pts[i]) != (ssize_t)sizeof pts[i]) rc = CLI_EXIT_FAILURE;
-    if (!ok) rc = CLI_EXIT_FAILURE;
+    if (!ok && !rc) rc = EP_EXIT_CHECK;
   } else {
     print_all(a, &r->spec, pts, n, ok);
     if (!ok) rc = CLI_EXIT_FAILURE;
@@ -607,12 +610,12 @@ static int launch(const run_args *a, const moejit_spec *s, int argc, char **argv
     int p[2];
     if (pipe(p) != 0) break;
     snprintf(rank_text, sizeof rank_text, "%d", r);
+    char fd_text[16];
+    snprintf(fd_text, sizeof fd_text, "%d", p[1]);
+    setenv("MOEJIT_EP_REPORT_FD", fd_text, 1); /* here: the child only execs */
     pid_t pid = fork();
     if (pid == 0) {
       close(p[0]);
-      char fd_text[16];
-      snprintf(fd_text, sizeof fd_text, "%d", p[1]);
-      setenv("MOEJIT_EP_REPORT_FD", fd_text, 1);
       execv(self, args);
       _exit(127);
     }
@@ -625,15 +628,27 @@ static int launch(const run_args *a, const moejit_spec *s, int argc, char **argv
     fds[started++] = p[0];
   }
   free(args);
-  int failed = started < world, status = 0;
+  unsetenv("MOEJIT_EP_REPORT_FD");
+  /* A rank that stops early (or never started) leaves the others waiting
+   * in NCCL: stop them. One that only failed a check finished its part. */
+  int failed = started < world, killed = 0, status = 0, reaped[MOEJIT_EP_MAX_WORLD] = {0};
+  if (failed)
+    for (int i = 0; i < started; i++) kill(pids[i], SIGTERM), killed = 1;
   for (int done = 0; done < started;) {
     pid_t pid = wait(&status);
     if (pid < 0) break;
     done++;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      if (!failed)
-        for (int i = 0; i < started; i++) kill(pids[i], SIGTERM);
+    for (int i = 0; i < started; i++)
+      if (pids[i] == pid) reaped[i] = 1;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (code == EP_EXIT_CHECK) {
       failed = 1;
+    } else if (code != 0) {
+      failed = 1;
+      if (!killed)
+        for (int i = 0; i < started; i++)
+          if (!reaped[i]) kill(pids[i], SIGTERM);
+      killed = 1;
     }
   }
   ep_point pts[MOEJIT_EP_MAX_WORLD * 16];

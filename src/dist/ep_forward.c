@@ -62,14 +62,27 @@ static moejit_status check_args(const moejit_model *m, const moejit_moe_args *a,
                                moejit_stream stream) {
   if (!a) return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: args is NULL", op));
   /* T = 0 is allowed: a rank without tokens still serves its experts */
-  moejit_status st = a->tokens == 0 ? MOEJIT_OK : mj_check_tokens(m, op, a->tokens);
-  if (!st) st = mj_moe_check_pointers(m, a);
+  moejit_status st;
+  if (a->tokens == 0) { /* no token data: x, logits and out may be NULL */
+    st = mj_check_ptr(m, op, "args->w1", a->w1, 16);
+    if (!st) st = mj_check_ptr(m, op, "args->w2", a->w2, 16);
+    if (!st) st = mj_check_ptr(m, op, "args->workspace", a->workspace, 256);
+  } else {
+    st = mj_check_tokens(m, op, a->tokens);
+    if (!st) st = mj_moe_check_pointers(m, a);
+  }
   if (st) return st;
   if (a->ep_capacity < 0)
     return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                                     "%s: args->ep_capacity = %lld (allowed 0: exact, or rows "
                                     "per peer >= 1)",
                                     op, (long long)a->ep_capacity));
+  if (a->ep_capacity > INT32_MAX / m->ep->place.world) /* before multiplying */
+    return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                    "%s: args->ep_capacity = %lld rows per peer, times %d ranks, "
+                                    "exceeds INT32_MAX rows; HINT: use at most the largest T "
+                                    "of any rank",
+                                    op, (long long)a->ep_capacity, m->ep->place.world));
   if (a->ep_capacity > 0 &&
       (st = check_rows(m, a->ep_capacity * m->ep->place.world, "args->ep_capacity * world")))
     return st;
@@ -150,7 +163,7 @@ typedef struct ep_xfer {
 } ep_xfer;
 
 static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep_xfer *x, int n,
-                              int swap, moejit_stream stream) {
+                              int swap, const char *what, moejit_stream stream) {
   const mj_ep *ep = m->ep;
   const mj_nccl *nc = ep->nccl;
   if (ep->place.world == 1) return MOEJIT_OK;
@@ -181,7 +194,7 @@ static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep
   moejit_status end = mj_nccl_check(nc, nc->GroupEnd(), ep->comm, "ncclGroupEnd");
   mj_ctx_leave(m->ctx);
   if (!st) st = end;
-  return st ? mj_model_fail(m, mj_fail_prefix(st, "%s: all-to-all", op)) : MOEJIT_OK;
+  return st ? mj_model_fail(m, mj_fail_prefix(st, "%s", what)) : MOEJIT_OK;
 }
 
 /* Exact mode: each peer's count for us, then one host wait. */
@@ -193,7 +206,7 @@ static moejit_status exchange_counts(const moejit_model *m, void *ws, const mj_e
   const ep_xfer x = {AT(ws, l->counts), AT(ws, l->recv_counts), sizeof(int32_t)};
   /* no peer writes this rank's own slot: zero it, so all W are defined */
   moejit_status st = moejit_memset_d32(m->ctx, AT(ws, l->recv_counts), 0, (size_t)p->world, stream);
-  if (!st) st = exchange(m, &one, &x, 1, 0, stream);
+  if (!st) st = exchange(m, &one, &x, 1, 0, "moejit_moe_forward: count exchange", stream);
   if (st) return st;
   const size_t bytes = (size_t)p->world * sizeof(int32_t);
   if ((st = moejit_memcpy_dtoh(m->ctx, counts, AT(ws, l->counts), bytes, stream))) return st;
@@ -314,7 +327,7 @@ moejit_status mj_ep_forward(const moejit_model *m, const moejit_moe_args *a,
   const ep_xfer there[3] = {{AT(ws, l.send_x), AT(ws, l.recv_x), d * act},
                             {AT(ws, l.send_ids), AT(ws, l.recv_ids), k * 4},
                             {AT(ws, l.send_w), AT(ws, l.recv_w), k * 4}};
-  if ((st = exchange(m, &pl, there, 3, 0, stream))) return st;
+  if ((st = exchange(m, &pl, there, 3, 0, "moejit_moe_forward: dispatch", stream))) return st;
   if ((st = record(m, a, 2, stream))) return st;
   if (pl.recv_rows > 0 &&
       (st = mj_moe_experts(ep->local, pl.recv_rows, AT(ws, l.recv_x), AT(ws, l.recv_ids),
@@ -323,7 +336,7 @@ moejit_status mj_ep_forward(const moejit_model *m, const moejit_moe_args *a,
     return st;
   if ((st = record(m, a, 3, stream))) return st;
   const ep_xfer back = {AT(ws, l.partial), AT(ws, l.back), d * out};
-  if ((st = exchange(m, &pl, &back, 1, 1, stream))) return st;
+  if ((st = exchange(m, &pl, &back, 1, 1, "moejit_moe_forward: return", stream))) return st;
   if ((st = record(m, a, 4, stream))) return st;
   if (a->tokens > 0 && (st = launch_combine(m, a, ws, &l, &pl, stream))) return st;
   return record(m, a, 5, stream);
@@ -344,7 +357,7 @@ moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send, vo
   ep_plan pl;
   plan_one_each(p, &pl);
   const ep_xfer x = {send, recv, bytes_per_rank};
-  moejit_status st = exchange(model, &pl, &x, 1, 0, stream);
+  moejit_status st = exchange(model, &pl, &x, 1, 0, fn, stream);
   if (st) return st;
   const size_t self = (size_t)p->rank * bytes_per_rank;
   return moejit_memcpy_dtod(model->ctx, (char *)recv + self, (const char *)send + self,

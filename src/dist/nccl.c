@@ -44,7 +44,7 @@ static const nccl_symbol nccl_symbols[] = {
 };
 
 #define MJ_NCCL_HINT                                                                      \
-  "HINT: expert parallelism needs NCCL 2.7 or newer: install it (libnccl2, or the "     \
+  "HINT: expert parallelism needs NCCL 2.9 or newer: install it (libnccl2, or the "     \
   "nvidia-nccl wheel) and put libnccl.so.2 on the loader path, or set "                  \
   "MOEJIT_NCCL_LIBRARY to its full path; everything else in moejit works without NCCL"
 
@@ -83,9 +83,9 @@ static void load_nccl(void) {
     memcpy((char *)&nccl.table + nccl_symbols[i].offset, &fn, sizeof fn);
   }
   int v = 0;
-  if (nccl.table.GetVersion(&v) != MJ_NCCL_SUCCESS || v < 2700) {
+  if (nccl.table.GetVersion(&v) != MJ_NCCL_SUCCESS || v < 2900) {
     char why[128];
-    snprintf(why, sizeof why, "ncclGetVersion reports %d, need 2700 (2.7.0) or newer", v);
+    snprintf(why, sizeof why, "ncclGetVersion reports %d, need 2900 (2.9.0) or newer: older NCCL cannot be captured in a CUDA graph", v);
     return fail_load(why);
   }
   nccl.table.version = v;

@@ -60,8 +60,8 @@ typedef struct mj_nccl {
 
 /* Loads NCCL once per process ($MOEJIT_NCCL_LIBRARY, else libnccl.so.2,
  * else libnccl.so) and resolves the table. UNSUPPORTED with a message that
- * says how to provide NCCL when it is absent or too old (needs 2.7 for
- * send/recv); the same answer on every later call. Thread-safe. */
+ * says how to provide NCCL when it is absent or too old (needs 2.9: send/recv
+ * inside a CUDA graph capture); the same answer on every later call. Thread-safe. */
 moejit_status mj_nccl_get(const mj_nccl **out);
 
 /* MOEJIT_OK for ncclSuccess, else MOEJIT_ERR_CUDA with "what: NCCL error N

@@ -396,7 +396,7 @@ moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsig
   if (out) *out = NULL;
   moejit_status st = check_load_args(ctx, spec, out);
   if (st) return st;
-  if (opts && opts->ep.world > 0) {
+  if (opts && (opts->ep.world > 0 || opts->ep.nccl_comm)) {
     if (families != MJ_OPS_LAYER)
       return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                                       "moejit_model_load: expert parallelism (opts.ep) needs a "

@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/nccl.h"
 #include "layer_gpu.h"
+#include "runtime/runtime.h"
 #include "ops_gpu.h"
 #include "test_support.h"
 
@@ -233,6 +235,14 @@ Test(ep, bad_options_and_arguments_are_refused) {
   cr_assert(strstr(moejit_last_error(), "ep_events[0]"), "%s", moejit_last_error());
   a = args_for(&r, 1, 64, 0x7fffffff);
   cr_assert_eq(moejit_moe_forward(r.ep, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = args_for(&r, 1, 64, (int64_t)1 << 58); /* would wrap to 0 rows if multiplied first */
+  cr_assert_eq(moejit_moe_forward(r.ep, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "exceeds INT32_MAX"), "%s", moejit_last_error());
+  a = args_for(&r, 1, 0, 0);
+  a.w2 = NULL;
+  cr_assert_eq(moejit_moe_forward(r.ep, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "args->w2"), "T = 0 still needs the weights: %s",
+            moejit_last_error());
   /* exact mode waits on the host: not inside a capture */
   moejit_stream stream;
   OPS_OK(moejit_stream_create(ops_ctx(), &stream));
@@ -253,6 +263,51 @@ Test(ep, bad_options_and_arguments_are_refused) {
   cr_assert_eq(moejit_model_ep_local_experts(r.ep, NULL, 0, &n), MOEJIT_OK);
   cr_assert_eq(n, 128);
   one_rank_free(&r);
+}
+
+/* A communicator the caller made is adopted (world 0 takes its size), is
+ * not destroyed with the model, and the model runs on it. */
+Test(ep, a_callers_communicator_is_adopted) {
+  require_gpu_and_nccl();
+  const mj_nccl *n = NULL;
+  OPS_OK(mj_nccl_get(&n));
+  mj_nccl_unique_id uid;
+  cr_assert_eq(n->GetUniqueId(&uid), MJ_NCCL_SUCCESS);
+  mj_nccl_comm comm = NULL;
+  OPS_OK(mj_ctx_enter(ops_ctx()));
+  cr_assert_eq(n->CommInitRank(&comm, 1, uid, 0), MJ_NCCL_SUCCESS);
+  mj_ctx_leave(ops_ctx());
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.ep.nccl_comm = comm; /* world 0: the communicator's size */
+  moejit_model *m = NULL;
+  OPS_OK(moejit_model_load_config(ops_ctx(), "olmoe-1b-7b", &o, &m));
+  moejit_ep_info info;
+  OPS_OK(moejit_model_ep_info(m, &info));
+  cr_assert_eq(info.world, 1);
+  cr_assert_eq(info.owns_comm, 0);
+  o.ep.world = 2; /* disagrees with the communicator */
+  moejit_model *bad = NULL;
+  cr_assert_eq(moejit_model_load_config(ops_ctx(), "olmoe-1b-7b", &o, &bad),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "communicator has 1 ranks"), "%s", moejit_last_error());
+  /* a forward of T = 0 without token buffers runs on it */
+  size_t ws_bytes = 0;
+  OPS_OK(moejit_moe_workspace_size(m, 8, &ws_bytes));
+  void *ws = ops_alloc(ws_bytes), *w = ops_alloc(256);
+  moejit_moe_args a = {.tokens = 0, .w1 = w, .w2 = w, .workspace = ws, .workspace_bytes = ws_bytes};
+  OPS_OK(moejit_moe_forward(m, &a, NULL));
+  ops_sync();
+  moejit_model_destroy(m);
+  /* still the caller's: usable, then destroyed by the caller */
+  int count = 0;
+  cr_assert_eq(n->CommCount(comm, &count), MJ_NCCL_SUCCESS);
+  cr_assert_eq(count, 1);
+  OPS_OK(mj_ctx_enter(ops_ctx()));
+  cr_assert_eq(n->CommDestroy(comm), MJ_NCCL_SUCCESS);
+  mj_ctx_leave(ops_ctx());
+  ops_free(ws);
+  ops_free(w);
 }
 
 /* ---- several ranks, one process per GPU ---------------------------------- */
