@@ -488,16 +488,46 @@ static void put_double(mj_buf *b, double v) {
   mj_buf_puts(b, s);
 }
 
-/* A double-quoted YAML string: '"' and '\' escaped, control bytes as \xNN. */
+/* Length and code point of the UTF-8 sequence at p (0: not one). */
+static int utf8_decode(const unsigned char *p, unsigned *cp) {
+  int n = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc0 ? 2 : 0;
+  if (!n || p[0] >= 0xf8) return 0;
+  unsigned v = p[0] & (0x7fu >> n);
+  for (int i = 1; i < n; i++) {
+    if ((p[i] & 0xc0) != 0x80) return 0;
+    v = v << 6 | (p[i] & 0x3fu);
+  }
+  *cp = v;
+  return n;
+}
+
+/* Characters a YAML reader would not give back as they are: C1 controls,
+ * the line breaks NEL, LS and PS (folded to spaces inside a double-quoted
+ * scalar), surrogates, the BOM and the non-characters U+FFFE/U+FFFF. */
+static int yaml_must_escape(unsigned cp) {
+  return (cp >= 0x80 && cp < 0xa0) || cp == 0x2028 || cp == 0x2029 ||
+         (cp >= 0xd800 && cp <= 0xdfff) || cp == 0xfeff || cp == 0xfffe || cp == 0xffff;
+}
+
+/* A double-quoted YAML string that reads back to the same bytes: '"' and
+ * '\' escaped, control characters and the characters above as \xNN or
+ * \uNNNN, other UTF-8 as it is. */
 static void put_quoted(mj_buf *b, const char *s) {
   mj_buf_puts(b, "\"");
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    unsigned cp = 0;
+    int n = *p >= 0x80 ? utf8_decode(p, &cp) : 0;
     if (*p == '"' || *p == '\\')
       mj_buf_printf(b, "\\%c", *p);
     else if (*p < 0x20 || *p == 0x7f)
       mj_buf_printf(b, "\\x%02x", *p);
+    else if (n && yaml_must_escape(cp))
+      mj_buf_printf(b, "\\u%04x", cp);
+    else if (n)
+      mj_buf_append(b, p, (size_t)n);
     else
       mj_buf_append(b, p, 1);
+    p += n ? n : 1;
   }
   mj_buf_puts(b, "\"");
 }
