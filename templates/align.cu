@@ -11,6 +11,12 @@
 //   moejit_align_scan     one block: chunk bases, counts, offsets, tiles;
 //   moejit_align_scatter  per tile of tokens: rows, inverse map, and x copied
 //                         once per token into its k rows.
+// Two when one chunk holds every entry (T*k <= kChunkEntries, the small-T
+// case where launch latency is the whole cost):
+//   moejit_align_count_scan  one block: the count of the single chunk, then
+//                            the scan (its chunk bases are all 0), with
+//                            the same code and the same outputs as the two;
+//   moejit_align_scatter     unchanged.
 //
 // The dropped entries go to an extra bin (kExperts) placed after every
 // expert, so the permutation covers all T*k rows: rows >= offsets[kExperts]
@@ -42,17 +48,21 @@ static constexpr int kCountBatch = 8;
 // Mirrored by src/ops (mj_align_chunk_entries), which sizes the workspace.
 static constexpr int kChunkEntries = kBlockThreads * kCountBatch;
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    moejit_align_count(const int *__restrict__ topk_ids, int entries, int expert_first,
-                       int expert_last, int *__restrict__ chunk_counts,
-                       int *__restrict__ chunk_rank) {
-  extern __shared__ int warp_hist[];
+// Counts chunk `chunk` (blockDim.x == kBlockThreads): each entry's rank
+// inside the chunk goes to chunk_rank, the chunk's histogram to
+// chunk_hist [kBins] (global, or shared). warp_hist: the dynamic shared
+// memory, kWarps * kBins ints. chunk_hist is written before the last
+// __syncthreads, so the whole block may read it (shared) on return.
+__device__ __forceinline__ void count_chunk(const int *__restrict__ topk_ids, int entries,
+                                            int chunk, int expert_first, int expert_last,
+                                            int *warp_hist, int *__restrict__ chunk_hist,
+                                            int *__restrict__ chunk_rank) {
   const int warp = (int)(threadIdx.x / 32), lane = mj_lane_id();
   int *hist = warp_hist + warp * kBins;
   for (int i = threadIdx.x; i < kWarps * kBins; i += kBlockThreads) warp_hist[i] = 0;
 
   // All loads first: kCountBatch independent loads in flight per lane.
-  const long long begin = (long long)blockIdx.x * kChunkEntries + warp * 32 * kCountBatch + lane;
+  const long long begin = (long long)chunk * kChunkEntries + warp * 32 * kCountBatch + lane;
   int bin[kCountBatch];
 #pragma unroll
   for (int b = 0; b < kCountBatch; ++b) {
@@ -82,12 +92,21 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
       warp_hist[w * kBins + b] = run;
       run += v;
     }
-    chunk_counts[(size_t)blockIdx.x * kBins + b] = run;
+    chunk_hist[b] = run;
   }
   __syncthreads();
 #pragma unroll
   for (int b = 0; b < kCountBatch; ++b)
     if (bin[b] >= 0) chunk_rank[begin + 32 * b] = hist[bin[b]] + rank[b];
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    moejit_align_count(const int *__restrict__ topk_ids, int entries, int expert_first,
+                       int expert_last, int *__restrict__ chunk_counts,
+                       int *__restrict__ chunk_rank) {
+  extern __shared__ int warp_hist[];
+  count_chunk(topk_ids, entries, (int)blockIdx.x, expert_first, expert_last, warp_hist,
+              chunk_counts + (size_t)blockIdx.x * kBins, chunk_rank);
 }
 
 // --- 2. scan --------------------------------------------------------------
@@ -197,20 +216,16 @@ __device__ void write_tiles(const int *offsets, const int *tile_base, int tile_c
   }
 }
 
-// One block (1024 threads expected; any multiple of 32 works).
-extern "C" __global__ void __launch_bounds__(1024)
-    moejit_align_scan(int chunks, int tile_capacity, int *__restrict__ chunk_counts,
-                      int *__restrict__ expert_counts, int *__restrict__ expert_offsets,
-                      int *__restrict__ tile_expert, int *__restrict__ tile_row_start,
-                      int *__restrict__ num_tiles) {
-  constexpr int kPartCells = 1024 > kBins ? 1024 : kBins;
-  __shared__ int part_base[kPartCells];
-  __shared__ int offsets[kBins + 1];
-  __shared__ int tile_base[kExperts + 1];
-  __shared__ int warp_sums[33];
-  const int parts = max(1, (int)blockDim.x / kBins);
-
-  scan_chunk_columns(chunk_counts, chunks, offsets, part_base, parts);
+// The scan's second half, from the bin totals in offsets [kBins + 1]
+// (shared, complete in every thread's view): expert_counts, the row offsets
+// (offsets is scanned in place and copied to expert_offsets), the tile bases
+// (tile_base: shared [kExperts + 1]), num_tiles and the tile list.
+__device__ void write_offsets_and_tiles(int *offsets, int *tile_base, int *warp_sums /* [33] */,
+                                        int tile_capacity, int *__restrict__ expert_counts,
+                                        int *__restrict__ expert_offsets,
+                                        int *__restrict__ tile_expert,
+                                        int *__restrict__ tile_row_start,
+                                        int *__restrict__ num_tiles) {
   for (int e = threadIdx.x; e < kExperts; e += blockDim.x) {
     expert_counts[e] = offsets[e];
     tile_base[e] = (offsets[e] + kGemmTileM - 1) / kGemmTileM;
@@ -225,6 +240,47 @@ extern "C" __global__ void __launch_bounds__(1024)
   for (int b = threadIdx.x; b < kBins; b += blockDim.x) expert_offsets[b] = offsets[b];
   __syncthreads();
   write_tiles(offsets, tile_base, tile_capacity, tile_expert, tile_row_start);
+}
+
+// One block (1024 threads expected; any multiple of 32 works).
+extern "C" __global__ void __launch_bounds__(1024)
+    moejit_align_scan(int chunks, int tile_capacity, int *__restrict__ chunk_counts,
+                      int *__restrict__ expert_counts, int *__restrict__ expert_offsets,
+                      int *__restrict__ tile_expert, int *__restrict__ tile_row_start,
+                      int *__restrict__ num_tiles) {
+  constexpr int kPartCells = 1024 > kBins ? 1024 : kBins;
+  __shared__ int part_base[kPartCells];
+  __shared__ int offsets[kBins + 1];
+  __shared__ int tile_base[kExperts + 1];
+  __shared__ int warp_sums[33];
+  const int parts = max(1, (int)blockDim.x / kBins);
+
+  scan_chunk_columns(chunk_counts, chunks, offsets, part_base, parts);
+  write_offsets_and_tiles(offsets, tile_base, warp_sums, tile_capacity, expert_counts,
+                          expert_offsets, tile_expert, tile_row_start, num_tiles);
+}
+
+// --- 1 + 2 fused, for a single chunk ---------------------------------------
+// entries <= kChunkEntries: one block of kBlockThreads threads with the count
+// kernel's dynamic shared memory (kWarps * kBins ints; the scan's arrays
+// below are static, sized by kBins, not by the block). The chunk's histogram
+// is the bin totals; its base in every bin is 0, which is what the scan
+// leaves in chunk_counts [1][kBins] for one chunk and what the scatter reads.
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    moejit_align_count_scan(const int *__restrict__ topk_ids, int entries, int expert_first,
+                            int expert_last, int tile_capacity, int *__restrict__ chunk_counts,
+                            int *__restrict__ chunk_rank, int *__restrict__ expert_counts,
+                            int *__restrict__ expert_offsets, int *__restrict__ tile_expert,
+                            int *__restrict__ tile_row_start, int *__restrict__ num_tiles) {
+  extern __shared__ int warp_hist[];
+  __shared__ int offsets[kBins + 1];
+  __shared__ int tile_base[kExperts + 1];
+  __shared__ int warp_sums[33];
+
+  count_chunk(topk_ids, entries, 0, expert_first, expert_last, warp_hist, offsets, chunk_rank);
+  for (int b = threadIdx.x; b < kBins; b += kBlockThreads) chunk_counts[b] = 0;
+  write_offsets_and_tiles(offsets, tile_base, warp_sums, tile_capacity, expert_counts,
+                          expert_offsets, tile_expert, tile_row_start, num_tiles);
 }
 
 // --- 3. scatter + copy ----------------------------------------------------

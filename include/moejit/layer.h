@@ -181,7 +181,7 @@ typedef struct moejit_moe_args {
 MOEJIT_API moejit_status moejit_moe_workspace_size(const moejit_model *model, int64_t max_tokens,
                                                    size_t *bytes);
 
-/* Enqueues the layer on `stream`: route, align (3 launches), GEMM 1 +
+/* Enqueues the layer on `stream`: route, align (2 or 3 launches), GEMM 1 +
  * SwiGLU, GEMM 2, combine. Each GEMM runs the tuned variant of the bucket
  * nearest to T when the load found one (else the heuristic configuration;
  * also when the variant's launch plan does not hold at this T, e.g. a grid

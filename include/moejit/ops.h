@@ -155,8 +155,9 @@ MOEJIT_API moejit_status moejit_align_workspace_size(const moejit_model *model, 
 MOEJIT_API moejit_status moejit_align_tile_capacity(const moejit_model *model, int64_t tokens,
                                                     int64_t *tiles);
 
-/* Three launches (count, scan, scatter + copy). Thread-safe (given separate
- * workspaces); never synchronizes. */
+/* Three launches (count, scan, scatter + copy); two (count + scan, scatter +
+ * copy) when T*k fits one count chunk (align.block_threads * 8 entries).
+ * Thread-safe (given separate workspaces); never synchronizes. */
 MOEJIT_API moejit_status moejit_align(const moejit_model *model, const moejit_align_args *args,
                                       moejit_stream stream);
 

@@ -1,7 +1,11 @@
-/* moejit_align: checks the arguments, then the three launches of
- * templates/align.cu (count, scan, scatter + copy), plus the workspace and
- * tile-list size queries. Workspace layout: chunk_counts [chunks][E+1]
- * int32, then (256-byte aligned) chunk_rank [T*k] int32. */
+/* moejit_align: checks the arguments, then the launches of
+ * templates/align.cu: count, scan, scatter + copy; or, when one chunk holds
+ * every entry, the fused count + scan then scatter + copy. Plus the
+ * workspace and tile-list size queries. Workspace layout: chunk_counts
+ * [chunks][E+1] int32, then (256-byte aligned) chunk_rank [T*k] int32. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "common/common.h"
 #include "ops/ops.h"
 
@@ -96,7 +100,7 @@ static moejit_status check_align_args(const moejit_model *m, const moejit_align_
   return check_workspace(m, a);
 }
 
-/* Everything the three launches pass, as the kernels' parameter types. */
+/* Everything the launches pass, as the kernels' parameter types. */
 typedef struct align_launch {
   int entries, tokens, chunks, tile_capacity, first, last;
   const int32_t *ids;
@@ -104,11 +108,26 @@ typedef struct align_launch {
 } align_launch;
 
 static moejit_status launch_count(const moejit_model *m, align_launch *l, moejit_stream stream) {
-  const unsigned threads = (unsigned)m->spec.align.block_threads;
   void *params[] = {&l->ids, &l->entries, &l->first, &l->last, &l->chunk_counts, &l->chunk_rank};
-  const unsigned grid[3] = {(unsigned)l->chunks, 1, 1}, block[3] = {threads, 1, 1};
-  const unsigned smem = threads / 32 * (unsigned)(m->spec.experts + 1) * sizeof(int32_t);
-  return mj_ctx_launch(m->ctx, m->align_count, grid, block, smem, stream, params);
+  const unsigned grid[3] = {(unsigned)l->chunks, 1, 1};
+  const unsigned block[3] = {(unsigned)m->spec.align.block_threads, 1, 1};
+  return mj_ctx_launch(m->ctx, m->align_count, grid, block, mj_align_count_smem(&m->spec), stream,
+                       params);
+}
+
+/* Count and scan in one block, for a single chunk: the count's block and
+ * dynamic shared memory; chunk_counts ends as the scan would leave it. */
+static moejit_status launch_count_scan(const moejit_model *m, align_launch *l,
+                                       const moejit_align_args *a, moejit_stream stream) {
+  int32_t *counts = a->expert_counts, *offsets = a->expert_offsets;
+  int32_t *tile_expert = a->tile_expert, *tile_row = a->tile_row_start, *n_tiles = a->num_tiles;
+  void *params[] = {&l->ids,           &l->entries,      &l->first,      &l->last,
+                    &l->tile_capacity, &l->chunk_counts, &l->chunk_rank, &counts,
+                    &offsets,          &tile_expert,     &tile_row,      &n_tiles};
+  const unsigned grid[3] = {1, 1, 1};
+  const unsigned block[3] = {(unsigned)m->spec.align.block_threads, 1, 1};
+  return mj_ctx_launch(m->ctx, m->align_count_scan, grid, block, mj_align_count_smem(&m->spec),
+                       stream, params);
 }
 
 static moejit_status launch_scan(const moejit_model *m, align_launch *l, const moejit_align_args *a,
@@ -138,6 +157,16 @@ static moejit_status launch_scatter(const moejit_model *m, align_launch *l,
   return mj_ctx_launch(m->ctx, m->align_scatter, grid, block, 0, stream, params);
 }
 
+/* Two launches instead of three when one count block holds every entry
+ * (small T: the stage is launch latency), unless the fused kernel does not
+ * fit the device's shared memory (model load decides) or
+ * $MOEJIT_ALIGN_FUSED=0 asks for three (tests compare the two paths). */
+static int fused(const moejit_model *m, const align_launch *l) {
+  if (l->chunks != 1 || m->align_unfused) return 0;
+  const char *env = getenv("MOEJIT_ALIGN_FUSED");
+  return !(env && strcmp(env, "0") == 0);
+}
+
 moejit_status moejit_align(const moejit_model *model, const moejit_align_args *args,
                            moejit_stream stream) {
   moejit_status st = check_align_args(model, args);
@@ -155,7 +184,11 @@ moejit_status moejit_align(const moejit_model *model, const moejit_align_args *a
       .chunk_counts = (int32_t *)args->workspace,
       .chunk_rank = (int32_t *)((char *)args->workspace + mj_align_rank_offset(s, args->tokens)),
   };
-  if ((st = launch_count(model, &l, stream))) return st;
-  if ((st = launch_scan(model, &l, args, stream))) return st;
+  if (fused(model, &l)) {
+    if ((st = launch_count_scan(model, &l, args, stream))) return st;
+  } else {
+    if ((st = launch_count(model, &l, stream))) return st;
+    if ((st = launch_scan(model, &l, args, stream))) return st;
+  }
   return launch_scatter(model, &l, args, stream);
 }

@@ -27,6 +27,7 @@ static const kernel_entry kernel_entries[] = {
     {MJ_OPS_ALIGN, "align", "moejit_align_count", offsetof(moejit_model, align_count)},
     {MJ_OPS_ALIGN, "align", "moejit_align_scan", offsetof(moejit_model, align_scan)},
     {MJ_OPS_ALIGN, "align", "moejit_align_scatter", offsetof(moejit_model, align_scatter)},
+    {MJ_OPS_ALIGN, "align", "moejit_align_count_scan", offsetof(moejit_model, align_count_scan)},
     {MJ_OPS_COMBINE, "combine", "moejit_combine_rows", offsetof(moejit_model, combine)},
     {MJ_OPS_EP, "ep", "moejit_ep_mask", offsetof(moejit_model, ep_mask)},
     {MJ_OPS_EP, "ep", "moejit_ep_scan", offsetof(moejit_model, ep_scan)},
@@ -211,6 +212,27 @@ static moejit_status warm_all(moejit_model *m, unsigned families) {
   return st;
 }
 
+/* Sets m->align_unfused: the fused count + scan adds its static shared
+ * memory (kBins-sized arrays) to the count's dynamic histograms, so where
+ * the sum passes the device's opt-in limit and the count alone does not
+ * (E near 1024 with a large align block on a small-smem GPU) align keeps
+ * its three launches rather than fail. */
+static moejit_status check_align_fused(moejit_model *m) {
+  mj_device_limits limits;
+  moejit_status st = mj_ctx_limits(m->ctx, &limits);
+  if (st) return st;
+  int static_smem = 0;
+  if ((st = mj_ctx_enter(m->ctx))) return st;
+  st = mj_cu_check(mj_ctx_driver(m->ctx)->FuncGetAttribute(
+                       &static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, m->align_count_scan),
+                   "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
+  mj_ctx_leave(m->ctx);
+  if (st) return mj_fail_prefix(st, "moejit_model_load: kernel 'moejit_align_count_scan'");
+  m->align_unfused =
+      (long long)mj_align_count_smem(&m->spec) + static_smem > limits.smem_per_block_optin;
+  return MOEJIT_OK;
+}
+
 static moejit_status load_functions(moejit_model *m, unsigned families) {
   moejit_status st = warm_all(m, families);
   if (st) return st;
@@ -221,6 +243,7 @@ static moejit_status load_functions(moejit_model *m, unsigned families) {
     st = mj_ctx_get_function(m->ctx, &m->spec, k->family_name, k->entry, slot);
     if (st) return mj_fail_prefix(st, "moejit_model_load: kernel '%s'", k->entry);
   }
+  if ((families & MJ_OPS_ALIGN) && (st = check_align_fused(m))) return st;
   m->families = families & (MJ_OPS_LAYER | MJ_OPS_EP);
   return MOEJIT_OK;
 }
@@ -472,6 +495,11 @@ int64_t mj_align_chunk_entries(const moejit_spec *spec) {
 int64_t mj_align_chunks(const moejit_spec *spec, int64_t tokens) {
   const int64_t chunk = mj_align_chunk_entries(spec);
   return (tokens * spec->top_k + chunk - 1) / chunk;
+}
+
+unsigned mj_align_count_smem(const moejit_spec *spec) {
+  return (unsigned)(spec->align.block_threads / 32) * (unsigned)(spec->experts + 1) *
+         (unsigned)sizeof(int32_t);
 }
 
 static size_t round_up_256(size_t n) {

@@ -90,6 +90,10 @@ struct moejit_model {
   int sm_count;
   CUfunction route_topk;
   CUfunction align_count, align_scan, align_scatter;
+  CUfunction align_count_scan; /* count + scan fused, for one chunk */
+  /* 1: the fused kernel's shared memory exceeds the device's limit where the
+   * count's alone fits (large E and block); align keeps three launches. */
+  int align_unfused;
   CUfunction combine;
   CUfunction ep_mask, ep_scan, ep_pack, ep_combine;
   /* Expert parallelism (src/dist/ep.h); NULL on one GPU. An ep model holds
@@ -148,6 +152,9 @@ moejit_status mj_model_fail(const moejit_model *model, moejit_status status);
 
 int64_t mj_align_chunk_entries(const moejit_spec *spec);
 int64_t mj_align_chunks(const moejit_spec *spec, int64_t tokens);
+/* Dynamic shared memory of moejit_align_count and moejit_align_count_scan:
+ * a histogram of E+1 bins per warp. */
+unsigned mj_align_count_smem(const moejit_spec *spec);
 /* Byte offset of chunk_rank inside the workspace (chunk_counts come first). */
 size_t mj_align_rank_offset(const moejit_spec *spec, int64_t tokens);
 

@@ -5,7 +5,9 @@
  * 128, 256}, k in {1, 2, 8}, T in {1, 7, 1000, 16384}, expert ranges, all
  * tokens on one expert, experts with no tokens, invalid ids, both chunk
  * sizes, fp32/fp16/bf16 rows; outputs poisoned before each run, two runs
- * bitwise identical; bad arguments refused. */
+ * bitwise identical; bad arguments refused. Where one chunk holds every
+ * entry (count and scan fused into one launch), the same checks, and the
+ * fused path bit for bit equal to the three launches (MOEJIT_ALIGN_FUSED=0). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,17 +135,23 @@ static void check_xs(const moejit_spec *s, int64_t tokens, const ref_align_out *
             "%s: align wrote xs rows past N = %lld", what, (long long)kept);
 }
 
-/* Runs align twice on `ids` (and random x when the buffers have one),
- * checks both runs agree bitwise, and checks the result. */
-static void run_and_check(const moejit_model *m, align_bufs *b, int64_t tokens, const int32_t *ids,
-                          int first, int last, ts_rng *r, const char *what) {
-  const moejit_spec *s = moejit_model_spec(m);
+/* The reference's shape of a call on s (first == last: every expert). */
+static ref_align_shape shape_for(const moejit_spec *s, int64_t tokens, int first, int last) {
   const ref_align_shape shape = {.tokens = tokens,
                                  .top_k = s->top_k,
                                  .experts = s->experts,
                                  .first = first == last ? 0 : first,
                                  .last = first == last ? s->experts : last,
                                  .tile_m = s->gemm1.tile_m};
+  return shape;
+}
+
+/* Runs align twice on `ids` (and random x when the buffers have one),
+ * checks both runs agree bitwise, and checks the result. */
+static void run_and_check(const moejit_model *m, align_bufs *b, int64_t tokens, const int32_t *ids,
+                          int first, int last, ts_rng *r, const char *what) {
+  const moejit_spec *s = moejit_model_spec(m);
+  const ref_align_shape shape = shape_for(s, tokens, first, last);
   ref_align_out got[2], want;
   cr_assert(ref_align_out_alloc(&shape, &got[0]) && ref_align_out_alloc(&shape, &got[1]) &&
             ref_align_out_alloc(&shape, &want));
@@ -306,6 +314,122 @@ Test(align_gpu, skewed_empty_and_invalid_ids) {
     moejit_model_destroy(models[i]);
   }
   free(ids);
+}
+
+/* run_and_check on the fused path (count + scan in one launch) and on the
+ * three launches (MOEJIT_ALIGN_FUSED=0), with the same ids and the same x;
+ * then the two paths' outputs, xs and workspace (chunk bases and ranks, as
+ * the scatter reads them) compared bit for bit. */
+static void check_both_paths(const moejit_model *m, align_bufs *b, int64_t tokens,
+                             const int32_t *ids, int first, int last, ts_rng *r, const char *what) {
+  const moejit_spec *s = moejit_model_spec(m);
+  cr_assert_eq(mj_align_chunks(s, tokens), 1, "%s: %lld tokens take more than one chunk", what,
+               (long long)tokens);
+  cr_assert(!m->align_unfused, "%s: the fused kernel does not fit this device", what);
+  const ref_align_shape shape = shape_for(s, tokens, first, last);
+  const int64_t n = tokens * s->top_k;
+  const size_t xs_bytes = b->xs ? (size_t)n * row_bytes(s) : 0;
+  const size_t ws_used = mj_align_rank_offset(s, tokens) + (size_t)n * 4;
+  cr_assert_leq(ws_used, b->ws_bytes);
+  const ts_rng start = *r;
+  ref_align_out out[2];
+  void *xs[2] = {NULL, NULL}, *ws[2];
+  for (int i = 0; i < 2; i++) { /* 0: fused, 1: three launches */
+    char w[192];
+    snprintf(w, sizeof w, "%.160s, %s", what, i ? "three launches" : "fused");
+    *r = start; /* the same x */
+    setenv("MOEJIT_ALIGN_FUSED", i ? "0" : "1", 1);
+    run_and_check(m, b, tokens, ids, first, last, r, w);
+    unsetenv("MOEJIT_ALIGN_FUSED");
+    cr_assert(ref_align_out_alloc(&shape, &out[i]));
+    xs[i] = xs_bytes ? malloc(xs_bytes) : NULL;
+    ws[i] = malloc(ws_used);
+    cr_assert((!xs_bytes || xs[i]) && ws[i]);
+    download(s, b, tokens, &out[i], xs[i]); /* the second run's, equal to the first's */
+    ops_download(ws[i], b->ws, ws_used);
+  }
+  cr_assert(same_out(s, tokens, &out[0], &out[1]), "%s: the fused path and three launches differ",
+            what);
+  cr_assert(!xs_bytes || !memcmp(xs[0], xs[1], xs_bytes), "%s: xs differs between the paths", what);
+  cr_assert(!memcmp(ws[0], ws[1], ws_used),
+            "%s: the workspace (chunk bases, ranks) differs between the paths", what);
+  for (int i = 0; i < 2; i++) {
+    ref_align_out_free(&out[i]);
+    free(xs[i]);
+    free(ws[i]);
+  }
+}
+
+/* Id patterns for the one-chunk cases; the last keeps experts [E/4, E/2). */
+static const char *const one_chunk_patterns[] = {"random", "every entry on expert E-1",
+                                                 "odd experts empty", "invalid ids",
+                                                 "random, experts [E/4, E/2)"};
+
+static void one_chunk_ids(int pattern, ts_rng *r, int64_t tokens, int k, int experts,
+                          int32_t *ids) {
+  const int64_t n = tokens * k;
+  if (pattern == 1) {
+    for (int64_t e = 0; e < n; e++) ids[e] = experts - 1;
+    return;
+  }
+  if (pattern == 2) {
+    for (int64_t e = 0; e < n; e++) ids[e] = 2 * (int32_t)(ts_next(r) % (uint64_t)(experts / 2));
+    return;
+  }
+  ops_random_ids(r, tokens, k, experts, ids);
+  if (pattern == 3)
+    for (int64_t e = 0; e < n; e += 3)
+      ids[e] = (e / 3) % 3 == 0 ? -1 : (e / 3) % 3 == 1 ? experts : 1 << 30;
+}
+
+/* T*k <= kChunkEntries runs count and scan as one launch: T = 1, 7 and the
+ * largest T of one chunk, over E / k / block shapes (a one-warp block, a
+ * top-k that does not divide the chunk, a 64-row GEMM tile), with skewed,
+ * empty, invalid and dropped ids, each against the reference and bit for
+ * bit against the three launches. One token more takes two chunks (three
+ * launches either way), checked at the boundary. */
+Test(align_gpu, one_chunk_fuses_count_and_scan) {
+  OPS_REQUIRE_GPU();
+  enum { NS = 5 };
+  moejit_spec specs[NS] = {ops_spec(8, 2, 256), ops_spec(64, 3, 256), ops_spec(128, 8, 256),
+                           ops_spec(256, 8, 512), ops_spec(16, 4, 256)};
+  specs[3].align.block_threads = 256;
+  specs[3].gemm1.tile_m = 64;
+  specs[4].align.block_threads = 32; /* one warp */
+  moejit_model *models[NS];
+  ops_load_models(specs, NS, MJ_OPS_ALIGN, models);
+  ts_rng r = ts_rng_fresh("align-one-chunk");
+  for (int i = 0; i < NS; i++) {
+    const moejit_spec *s = &specs[i];
+    const int E = s->experts, k = s->top_k;
+    const int64_t most = mj_align_chunk_entries(s) / k; /* the largest T of one chunk */
+    const int64_t tokens[] = {1, 7, most};
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)((most + 1) * k));
+    cr_assert(ids);
+    for (size_t t = 0; t < MJ_ARRAY_LEN(tokens); t++) {
+      const int64_t T = tokens[t];
+      align_bufs b = bufs_alloc(models[i], T, 1);
+      for (int p = 0; p < (int)MJ_ARRAY_LEN(one_chunk_patterns); p++) {
+        const int ranged = p == 4;
+        char what[160];
+        snprintf(what, sizeof what, "E=%d k=%d block=%d T=%lld %s", E, k, s->align.block_threads,
+                 (long long)T, one_chunk_patterns[p]);
+        one_chunk_ids(p, &r, T, k, E, ids);
+        check_both_paths(models[i], &b, T, ids, ranged ? E / 4 : 0, ranged ? E / 2 : 0, &r, what);
+      }
+      bufs_free(&b);
+    }
+    cr_assert_eq(mj_align_chunks(s, most + 1), 2);
+    align_bufs b = bufs_alloc(models[i], most + 1, 1);
+    char what[160];
+    snprintf(what, sizeof what, "E=%d k=%d block=%d T=%lld (two chunks)", E, k,
+             s->align.block_threads, (long long)(most + 1));
+    ops_random_ids(&r, most + 1, k, E, ids);
+    run_and_check(models[i], &b, most + 1, ids, 0, 0, &r, what);
+    bufs_free(&b);
+    free(ids);
+    moejit_model_destroy(models[i]);
+  }
 }
 
 Test(align_gpu, workspace_for_more_tokens_serves_fewer) {

@@ -5,8 +5,9 @@
  *
  * Two ways to see "nothing runs":
  * - badargs_nogpu (any machine): the launchers run against a fake ctx whose
- *   driver table counts calls. A good call must reach the driver (1, 3 or
- *   1 launches), a refused one must not touch it at all.
+ *   driver table counts calls. A good call must reach the driver (1 for
+ *   route, 2 or 3 for align, 1 for combine), a refused one must not touch
+ *   it at all.
  * - badargs_gpu (skips without a GPU): the same table on a real model with
  *   poisoned outputs, eagerly and inside a stream capture; the capture stays
  *   valid, its graph replays, and every output is still poison. Device data
@@ -519,6 +520,7 @@ static moejit_model *fake_model(moejit_ctx *ctx, const moejit_spec *spec, unsign
   m->align_scan = (CUfunction)(uintptr_t)0x3000;
   m->align_scatter = (CUfunction)(uintptr_t)0x4000;
   m->combine = (CUfunction)(uintptr_t)0x5000;
+  m->align_count_scan = (CUfunction)(uintptr_t)0x6000;
   return m;
 }
 
@@ -568,11 +570,36 @@ Test(badargs_nogpu, good_calls_reach_the_driver) {
   moejit_spec spec;
   fixture f = fake_fixture(&spec);
   expect_launched(moejit_route(f.ops, &f.route, NULL), 1, "route");
-  expect_launched(moejit_align(f.ops, &f.align, NULL), 3, "align");
+  expect_launched(moejit_align(f.ops, &f.align, NULL), 2, "align");
   expect_launched(moejit_combine(f.ops, &f.combine, NULL), 1, "combine");
   moejit_align_args a = f.align; /* indices only, one expert range */
   a.x = NULL, a.xs = NULL, a.expert_first = 3, a.expert_last = spec.experts;
-  expect_launched(moejit_align(f.ops, &a, NULL), 3, "align of experts [3, E)");
+  expect_launched(moejit_align(f.ops, &a, NULL), 2, "align of experts [3, E)");
+  fake_fixture_free(&f);
+}
+
+/* Align fuses count and scan (two launches) while one chunk holds every
+ * entry, and launches three from the next entry on, or when asked to with
+ * MOEJIT_ALIGN_FUSED=0, or when the model found the fused kernel too large
+ * for the device's shared memory. */
+Test(badargs_nogpu, align_fuses_count_and_scan_for_one_chunk) {
+  moejit_spec spec;
+  fixture f = fake_fixture(&spec);
+  const int64_t one_chunk = mj_align_chunk_entries(&spec) / spec.top_k;
+  moejit_align_args a = f.align;
+  a.workspace_bytes = SIZE_MAX; /* fake buffers: sized for any T */
+  a.tokens = one_chunk;
+  expect_launched(moejit_align(f.ops, &a, NULL), 2, "align of the largest T of one chunk");
+  a.tokens = one_chunk + 1;
+  expect_launched(moejit_align(f.ops, &a, NULL), 3, "align of one entry past a chunk");
+  a.tokens = 1;
+  setenv("MOEJIT_ALIGN_FUSED", "0", 1);
+  expect_launched(moejit_align(f.ops, &a, NULL), 3, "align at T = 1, MOEJIT_ALIGN_FUSED=0");
+  setenv("MOEJIT_ALIGN_FUSED", "1", 1);
+  expect_launched(moejit_align(f.ops, &a, NULL), 2, "align at T = 1, MOEJIT_ALIGN_FUSED=1");
+  unsetenv("MOEJIT_ALIGN_FUSED");
+  f.ops->align_unfused = 1;
+  expect_launched(moejit_align(f.ops, &a, NULL), 3, "align at T = 1, fused kernel too large");
   fake_fixture_free(&f);
 }
 
