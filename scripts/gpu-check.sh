@@ -3,10 +3,15 @@
 # included), compute-sanitizer over the GPU tests, benchmarks, and a SASS
 # check. Full logs are packed into $OUT/logs.tgz (default OUT: out/); a short
 # summary prints last.
-#   scripts/gpu-check.sh [STEP...]   steps: test sanitize bench sass (default: all)
+#   scripts/gpu-check.sh [STEP...]   steps: test sanitize bench sass layer profile
+#                                    (default: test sanitize bench sass)
 #   GPU_CHECK_TESTS="route align"    limit ctest to these test names (regex parts)
 #   GPU_CHECK_BENCH="ops gemm"       which bench/moejit_bench_* programs to run
 #   GPU_CHECK_ARGS_gemm="--path both"  extra arguments for one of them
+#   GPU_CHECK_PRESETS="qwen3-30b-a3b"  presets of the layer and profile steps
+#   GPU_CHECK_TOKENS=1,32,256,2048,16384  token counts of the layer step
+#   GPU_CHECK_PROFILE_TOKENS=1,2048     token counts of the profile step (ncu
+#                                    kernel durations of one graph replay)
 set -uo pipefail
 OUT=${OUT:-out}
 LOGS=${GPU_CHECK_LOGS:-/tmp/gpu-check-logs}
@@ -24,6 +29,7 @@ finish() {
   echo
   echo "================ summary ================"
   printf '%s\n' "${summary[@]}"
+  for f in "$LOGS"/run-*.txt; do [[ -f $f ]] && { echo "--- $(basename "$f")"; grep -E '^ *[0-9]+ ' "$f" | tail -8; }; done
   for f in "$LOGS"/moejit_bench_*.txt; do [[ -f $f ]] && { echo "--- $(basename "$f")"; tail -40 "$f"; }; done
 }
 trap finish EXIT
@@ -69,6 +75,28 @@ if want bench; then
     args_var="GPU_CHECK_ARGS_$name"  # e.g. GPU_CHECK_ARGS_gemm="--path both"
     "$b" ${!args_var:-} >"$LOGS/moejit_bench_$name.txt" 2>&1
     note "moejit_bench_$name rc=$?"
+  done
+fi
+
+presets=${GPU_CHECK_PRESETS:-qwen3-30b-a3b olmoe-1b-7b mixtral-8x7b deepseek-v3}
+if want layer; then
+  for p in $presets; do
+    $B/moejit run --preset "$p" --tokens "${GPU_CHECK_TOKENS:-1,32,256,2048,16384}" \
+      >"$LOGS/run-$p.txt" 2>&1
+    note "moejit run $p rc=$?"
+  done
+fi
+
+# Per-kernel durations (ncu, clocks left alone) of the layer's launches: the
+# last replay of each kernel name at each T, so warm-ups and checks drop out.
+if want profile; then
+  for p in $presets; do
+    for t in $(echo "${GPU_CHECK_PROFILE_TOKENS:-1,2048}" | tr ',' ' '); do
+      log="$LOGS/profile-$p-T$t.csv"
+      ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        $B/moejit run --preset "$p" --tokens "$t" --iters 1 >"$log" 2>&1
+      note "profile $p T=$t rc=$? $(python3 scripts/ncu-summary.py "$log" | tr '\n' ';')"
+    done
   done
 fi
 

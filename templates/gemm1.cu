@@ -22,6 +22,7 @@
 #include "common/gemm_epilogue.cuh"
 #include "common/gemm_simt.cuh"
 #include "common/gemm_wgmma.cuh"
+#include "common/gemm_gemv.cuh"
 
 typedef mj_gemm_shape<kTileM, kTileN, kTileK, kStages, kWarps> Gemm1Shape;
 static constexpr int kG1HalfN = kTileN / 2; // h columns per n-tile
@@ -106,6 +107,54 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
     const float gate = mj_gemm_dot<kHidden>(x, gate_w), up = mj_gemm_dot<kHidden>(x, up_w);
     mj_store1(h + (long long)row * kExpertWidth + col, mj_silu(gate) * up);
   });
+}
+
+// ---- decode: weight streaming (common/gemm_gemv.cuh) --------------------------
+
+// A unit is kGemv1Cols h columns: their gate rows and up rows of W1[e].
+template <typename AT, typename WT> struct mj_gemm1_gemv_unit {
+  const AT *a;
+  const WT *w;
+  AT *h;
+  template <int R> __device__ __forceinline__ void run(int e, int g, int row0, int rows) const {
+    constexpr int C = kGemv1Cols;
+    const int j0 = g * C;
+    const WT *wr[2 * C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      wr[c] = w + ((long long)e * 2 * kExpertWidth + j0 + c) * kHidden;
+      wr[C + c] = wr[c] + (long long)kExpertWidth * kHidden;
+    }
+    float acc[2 * C][R];
+    mj_gemv_dot<AT, WT, kHidden, 2 * C, R>(wr, a + (long long)row0 * kHidden, rows, acc);
+    const int lane = mj_lane_id();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows || lane != r) continue; // lane r stores row r
+      float v[C];
+#pragma unroll
+      for (int c = 0; c < C; ++c) v[c] = mj_silu(acc[c][r]) * acc[C + c][r];
+      mj_store_floats<AT, C>(h + (long long)(row0 + r) * kExpertWidth + j0, v);
+    }
+  }
+};
+
+template <typename AT, typename WT>
+__device__ __forceinline__ void mj_gemm1_gemv(const AT *__restrict__ a, const WT *__restrict__ w,
+                                              AT *__restrict__ h, const int *__restrict__ offsets,
+                                              int max_rows) {
+  if constexpr (!kGemvOk) {
+    __trap(); // the host launches the simt entry for these dtypes/shapes
+  } else {
+    mj_gemv_for_each<kExperts>(offsets, max_rows, kExpertWidth / kGemv1Cols,
+                               mj_gemm1_gemv_unit<AT, WT>{a, w, h});
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
+moejit_gemm1_swiglu_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
+                         const int *__restrict__ offsets, int max_rows) {
+  mj_gemm1_gemv(a, w, h, offsets, max_rows);
 }
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------

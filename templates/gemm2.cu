@@ -16,6 +16,7 @@
 #include "common/gemm_epilogue.cuh"
 #include "common/gemm_simt.cuh"
 #include "common/gemm_wgmma.cuh"
+#include "common/gemm_gemv.cuh"
 
 typedef mj_gemm_shape<kTileM, kTileN, kTileK, kStages, kWarps> Gemm2Shape;
 static constexpr int kG2NTiles = (kHidden + kTileN - 1) / kTileN;
@@ -90,6 +91,53 @@ moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, a
     const float v = mj_gemm_dot<kExpertWidth>(a + (long long)row * kExpertWidth, w_row);
     mj_store1(y + (long long)row * kHidden + col, scale ? scale[row] * v : v);
   });
+}
+
+// ---- decode: weight streaming (common/gemm_gemv.cuh) --------------------------
+
+// A unit is kGemv2Cols y columns: those rows of W2[e].
+template <typename AT, typename WT> struct mj_gemm2_gemv_unit {
+  const AT *a;
+  const WT *w;
+  AT *y;
+  const float *scale;
+  template <int R> __device__ __forceinline__ void run(int e, int g, int row0, int rows) const {
+    constexpr int C = kGemv2Cols;
+    const int n0 = g * C;
+    const WT *wr[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) wr[c] = w + ((long long)e * kHidden + n0 + c) * kExpertWidth;
+    float acc[C][R];
+    mj_gemv_dot<AT, WT, kExpertWidth, C, R>(wr, a + (long long)row0 * kExpertWidth, rows, acc);
+    const int lane = mj_lane_id();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows || lane != r) continue; // lane r stores row r
+      const float s = scale ? __ldg(scale + row0 + r) : 1.f;
+      float v[C];
+#pragma unroll
+      for (int c = 0; c < C; ++c) v[c] = s * acc[c][r];
+      mj_store_floats<AT, C>(y + (long long)(row0 + r) * kHidden + n0, v);
+    }
+  }
+};
+
+template <typename AT, typename WT>
+__device__ __forceinline__ void mj_gemm2_gemv(const AT *__restrict__ a, const WT *__restrict__ w,
+                                              AT *__restrict__ y, const int *__restrict__ offsets,
+                                              const float *__restrict__ scale, int max_rows) {
+  if constexpr (!kGemvOk) {
+    __trap(); // the host launches the simt entry for these dtypes/shapes
+  } else {
+    mj_gemv_for_each<kExperts>(offsets, max_rows, kHidden / kGemv2Cols,
+                               mj_gemm2_gemv_unit<AT, WT>{a, w, y, scale});
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
+moejit_gemm2_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
+                  const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
+  mj_gemm2_gemv(a, w, y, offsets, scale, max_rows);
 }
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------

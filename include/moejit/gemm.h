@@ -58,8 +58,24 @@ typedef enum moejit_gemm_path {
    * when the spec's tile would give fewer than 264 tiles); the environment
    * variable MOEJIT_GEMM_WGMMA=0 keeps AUTO off it. An explicit WGMMA path
    * runs exactly the spec's tile. */
-  MOEJIT_GEMM_PATH_WGMMA = 3
+  MOEJIT_GEMM_PATH_WGMMA = 3,
+  /* Decode: a weight-streaming kernel for a few rows per expert. Every warp
+   * of a persistent grid streams whole weight rows once (16-byte loads) and
+   * dots each with the expert's rows, fp32 sums on the CUDA cores, so the
+   * GPU's bandwidth is spread over all SMs even when a handful of experts
+   * have one row each. Needs fp16 or bf16 with equal dtypes and d, f
+   * multiples of 8 (else MOEJIT_ERR_UNSUPPORTED saying why); any arch. Rows
+   * are taken MOEJIT_GEMV_PASS_ROWS per pass over the weights, so an expert
+   * with more rows re-reads its weights: AUTO picks it only when max_rows <=
+   * MOEJIT_GEMV_MAX_ROWS (then no expert can need a second pass); the
+   * environment variable MOEJIT_GEMM_GEMV=0 keeps AUTO off it. */
+  MOEJIT_GEMM_PATH_GEMV = 4
 } moejit_gemm_path;
+
+/* Rows per expert the GEMV path takes per pass over the weights, and the
+ * max_rows at or under which AUTO picks it. */
+#define MOEJIT_GEMV_PASS_ROWS 8
+#define MOEJIT_GEMV_MAX_ROWS 8
 
 typedef struct moejit_gemm_args {
   const void *a;                  /* activations [max_rows, K]; 16-byte aligned */
@@ -74,7 +90,7 @@ typedef struct moejit_gemm_args {
   moejit_gemm_path path;          /* 0 (AUTO) unless testing */
 } moejit_gemm_args;
 
-/* The name of a moejit_gemm_path: "auto", "mma", "simt", "wgmma"; "?" for
+/* The name of a moejit_gemm_path: "auto", "mma", "simt", "wgmma", "gemv"; "?" for
  * other values. */
 MOEJIT_API const char *moejit_gemm_path_name(int path);
 

@@ -26,6 +26,8 @@ typedef struct mj_gemm_plan {
   int wg_cluster;         /* CTAs per cluster along M (1, or 2: weight tiles multicast) */
   int wg_pingpong;        /* 1: two consumer warpgroups alternate whole tiles */
   int64_t w_rows;         /* rows of the W tensor map: E * 2f (gemm1) or E * d */
+  int use_gemv;           /* 1: the weight-streaming decode entry (persistent grid:
+                             the launcher caps `grid` at MJ_GEMV_BLOCKS_PER_SM per SM) */
   int decode;             /* 1: a decode launch on mma.sync with the 64-row decode tile
                              instead of the spec's: build the kernel from
                              mj_gemm_kernel_spec */
@@ -38,6 +40,21 @@ void mj_gemm_warp_layout(int tile_m, int tile_n, int warps, int *wm, int *wn, in
 /* Why the tensor-core kernel cannot run `which` (1 or 2) of spec, or NULL
  * when it can. */
 const char *mj_gemm_mma_blocker(const moejit_spec *spec, int which);
+
+/* Why the GEMV (decode) kernel cannot run `which` of spec, or NULL. */
+const char *mj_gemm_gemv_blocker(const moejit_spec *spec, int which);
+
+/* 1 when AUTO may pick the GEMV path (max_rows <= MOEJIT_GEMV_MAX_ROWS):
+ * MOEJIT_GEMM_GEMV=0 in the environment turns it off. */
+int mj_gemm_gemv_enabled(void);
+
+/* templates/common/gemm_gemv.cuh: warps per block, output columns per warp
+ * work unit (GEMM 1: h columns, so twice as many W1 rows; GEMM 2: y
+ * columns), resident blocks per SM the launcher sizes the grid for. */
+#define MJ_GEMV_WARPS 8
+#define MJ_GEMV1_COLS 2
+#define MJ_GEMV2_COLS 4
+#define MJ_GEMV_BLOCKS_PER_SM 2
 
 /* Why the wgmma kernel cannot run `which` of spec (any arch), or NULL. */
 const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which);

@@ -136,7 +136,12 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   /* Kernel parameters: (a, w, out, offsets, [scale,] max_rows). */
   void *params1[] = {&a, &w, &out, &offsets, &max_rows};
   void *params2[] = {&a, &w, &out, &offsets, &scale, &max_rows};
-  const unsigned grid[3] = {plan.grid, 1, 1}, block[3] = {plan.threads, 1, 1};
+  unsigned blocks = plan.grid;
+  if (plan.use_gemv) { /* persistent: the warps loop over the work units */
+    const unsigned cap = (unsigned)mj_ctx_sm_count(ctx) * MJ_GEMV_BLOCKS_PER_SM;
+    if (blocks > cap) blocks = cap;
+  }
+  const unsigned grid[3] = {blocks, 1, 1}, block[3] = {plan.threads, 1, 1};
   st = moejit_kernel_launch(ctx, kernel, grid, block, plan.smem_bytes, stream,
                      which == 1 ? params1 : params2);
   return st ? mj_ctx_fail(ctx, st) : MOEJIT_OK;

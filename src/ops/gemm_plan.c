@@ -74,6 +74,21 @@ const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which) {
   return NULL;
 }
 
+const char *mj_gemm_gemv_blocker(const moejit_spec *spec, int which) {
+  (void)which;
+  if (spec->act_dtype != spec->weight_dtype) return "activation and weight dtypes differ";
+  if (spec->act_dtype != MOEJIT_DTYPE_BF16 && spec->act_dtype != MOEJIT_DTYPE_FP16)
+    return "the GEMV kernel takes fp16 or bf16 only";
+  if (spec->hidden % 8 != 0 || spec->expert_width % 8 != 0)
+    return "hidden and expert_width must be multiples of 8 (16-byte rows)";
+  return NULL;
+}
+
+int mj_gemm_gemv_enabled(void) {
+  const char *env = getenv("MOEJIT_GEMM_GEMV");
+  return !(env && strcmp(env, "0") == 0);
+}
+
 int mj_gemm_wgmma_enabled(void) {
   const char *env = getenv("MOEJIT_GEMM_WGMMA");
   if (env && strcmp(env, "1") == 0) return 1;
@@ -138,6 +153,46 @@ static moejit_status choose_wgmma(const moejit_spec *spec, int which, moejit_gem
                    op, blocker);
   *use_wgmma = 1;
   return MOEJIT_OK;
+}
+
+/* *use_gemv = 1 when the GEMV kernel runs: asked for (UNSUPPORTED when it
+ * cannot), or AUTO at MOEJIT_GEMV_MAX_ROWS rows or fewer, where no expert
+ * can have more rows than one pass takes. */
+static moejit_status choose_gemv(const moejit_spec *spec, int which, moejit_gemm_path path,
+                                 int64_t max_rows, const char *op, int *use_gemv) {
+  const char *blocker = mj_gemm_gemv_blocker(spec, which);
+  *use_gemv = 0;
+  if (path == MOEJIT_GEMM_PATH_AUTO) {
+    *use_gemv = !blocker && max_rows <= MOEJIT_GEMV_MAX_ROWS && mj_gemm_gemv_enabled();
+    return MOEJIT_OK;
+  }
+  if (path != MOEJIT_GEMM_PATH_GEMV) return MOEJIT_OK;
+  if (blocker)
+    return mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                   "%s: the GEMV kernel cannot run this spec: %s; HINT: use "
+                   "MOEJIT_GEMM_PATH_AUTO",
+                   op, blocker);
+  *use_gemv = 1;
+  return MOEJIT_OK;
+}
+
+/* The GEMV plan: work units of (active expert, MJ_GEMV1_COLS h columns or
+ * MJ_GEMV2_COLS y columns), one warp each; the grid is enough blocks for
+ * every unit max_rows could make (at most min(E, max_rows) experts have
+ * rows), which the launcher caps at MJ_GEMV_BLOCKS_PER_SM per SM. */
+static int64_t fill_gemv_plan(const moejit_spec *spec, int which, int64_t max_rows,
+                              mj_gemm_plan *p) {
+  const int cols = which == 1 ? MJ_GEMV1_COLS : MJ_GEMV2_COLS;
+  const int64_t active = max_rows < spec->experts ? max_rows : spec->experts;
+  const int64_t units = active * ((p->n_out + cols - 1) / cols);
+  p->entry = which == 1 ? "moejit_gemm1_swiglu_gemv" : "moejit_gemm2_gemv";
+  p->use_gemv = 1;
+  p->tile_m = MOEJIT_GEMV_PASS_ROWS, p->tile_n = which == 1 ? 2 * cols : cols;
+  p->n_tiles = (p->n_out + cols - 1) / cols;
+  p->threads = MJ_GEMV_WARPS * 32u;
+  p->warps_m = p->warps_n = p->warps_k = 1;
+  p->smem_bytes = 0;
+  return (units + MJ_GEMV_WARPS - 1) / MJ_GEMV_WARPS;
 }
 
 static moejit_status choose_path(const moejit_spec *spec, int which, moejit_gemm_path path,
@@ -232,9 +287,12 @@ static moejit_status plan_make(const moejit_spec *spec, int which, moejit_gemm_p
   if (st) return st;
   const moejit_gemm_cfg *g = which == 1 ? &spec->gemm1 : &spec->gemm2;
   *p = (mj_gemm_plan){0};
-  int use_wgmma = 0;
-  if ((st = choose_wgmma(spec, which, path, max_rows, arch, op, &use_wgmma))) return st;
-  if (!use_wgmma && (st = choose_path(spec, which, path, op, &p->use_mma))) return st;
+  int use_wgmma = 0, use_gemv = 0;
+  if ((st = choose_gemv(spec, which, path, max_rows, op, &use_gemv))) return st;
+  if (!use_gemv && (st = choose_wgmma(spec, which, path, max_rows, arch, op, &use_wgmma)))
+    return st;
+  if (!use_gemv && !use_wgmma && (st = choose_path(spec, which, path, op, &p->use_mma)))
+    return st;
   p->family = which == 1 ? "gemm1" : "gemm2";
   p->tile_m = g->tile_m, p->tile_n = g->tile_n;
   p->n_out = (int)(which == 1 ? spec->expert_width : spec->hidden);
@@ -243,7 +301,9 @@ static moejit_status plan_make(const moejit_spec *spec, int which, moejit_gemm_p
   int out_cols_per_tile = which == 1 ? g->tile_n / 2 : g->tile_n;
   p->n_tiles = (p->n_out + out_cols_per_tile - 1) / out_cols_per_tile;
   int64_t blocks;
-  if (use_wgmma) {
+  if (use_gemv) {
+    blocks = fill_gemv_plan(spec, which, max_rows, p);
+  } else if (use_wgmma) {
     fill_wgmma_plan(spec, which, g, path, max_rows, p);
     blocks = (int64_t)p->m_slots * p->n_tiles;
   } else if (p->use_mma) {
@@ -327,6 +387,8 @@ const char *moejit_gemm_path_name(int p) {
       return "simt";
     case MOEJIT_GEMM_PATH_WGMMA:
       return "wgmma";
+    case MOEJIT_GEMM_PATH_GEMV:
+      return "gemv";
   }
   return "?";
 }

@@ -6,7 +6,8 @@
  * supported grid with MOEJIT_GEMM_TEST_ALL_TILES=1), bitwise-identical
  * reruns, and argument checks. On an sm_90a device every case of the mma
  * (or AUTO) path runs again on the wgmma path, with its spec tile and with
- * the narrow decode tile. Skips without a GPU. */
+ * the narrow decode tile, and everywhere on the GEMV decode path (one or
+ * more passes of up to 8 rows per expert). Skips without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -220,6 +221,17 @@ static void run_both(moejit_ctx *ctx, const moejit_spec *s, const int32_t *count
   run_case(&c1);
   run_case(&c2);
   run_case(&c3);
+  /* The same cases on the decode path (any row count: experts with more
+   * rows than one pass takes go round again). */
+  if ((path == MOEJIT_GEMM_PATH_MMA || path == MOEJIT_GEMM_PATH_AUTO) &&
+      !mj_gemm_gemv_blocker(s, 1)) {
+    gemm_case g[3] = {c1, c2, c3};
+    for (int i = 0; i < 3; i++) {
+      g[i].path = MOEJIT_GEMM_PATH_GEMV;
+      double err = run_case(&g[i]);
+      cr_expect(err <= tol, "gemm%d gemv: rel error %.3g", g[i].which, err);
+    }
+  }
   /* The same cases on the Hopper path, where the device and spec take it. */
   if ((path == MOEJIT_GEMM_PATH_MMA || path == MOEJIT_GEMM_PATH_AUTO) && ctx_is_sm90a(ctx) &&
       !mj_gemm_wgmma_blocker(s, 1) && !mj_gemm_wgmma_blocker(s, 2)) {
@@ -281,9 +293,10 @@ Test(gemm, fp16_and_simt_paths) {
   run_both(ctx, &s, small_counts, 3, MOEJIT_GEMM_PATH_AUTO);
   moejit_spec b = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(32, 128, 64, 3, 4, 0));
   run_both(ctx, &b, small_counts, 3, MOEJIT_GEMM_PATH_SIMT);
-  /* AUTO under 64 rows: the 64x128 decode tile, built from a spec copy */
+  /* AUTO under 64 rows (above the GEMV path's 8): the 64x128 decode tile,
+   * built from a spec copy */
   mj_gemm_plan d;
-  cr_assert_eq(mj_gemm_plan_make(&s, 2, MOEJIT_GEMM_PATH_AUTO, 8, &d), MOEJIT_OK);
+  cr_assert_eq(mj_gemm_plan_make(&s, 2, MOEJIT_GEMM_PATH_AUTO, 9, &d), MOEJIT_OK);
   cr_assert(d.decode && d.use_mma);
   cr_assert_eq(d.tile_m, 64);
   cr_assert_eq(d.tile_n, 128);
@@ -393,10 +406,13 @@ Test(gemm, preset_shapes_qwen3) {
   int32_t dec[128] = {0};
   for (int i = 0; i < 8; i++) dec[(i * 37 + 5) % 128] = 1;
   run_both(ctx, &d, dec, 0, MOEJIT_GEMM_PATH_AUTO);
-  /* the same decode on mma.sync's 64-row decode tile (AUTO's pick off sm_90a) */
+  /* the same decode on mma.sync's 64-row decode tile (AUTO's pick off
+   * sm_90a when the GEMV path is turned off) */
   setenv("MOEJIT_GEMM_WGMMA", "0", 1);
+  setenv("MOEJIT_GEMM_GEMV", "0", 1);
   run_both(ctx, &d, dec, 0, MOEJIT_GEMM_PATH_AUTO);
   unsetenv("MOEJIT_GEMM_WGMMA");
+  unsetenv("MOEJIT_GEMM_GEMV");
   moejit_ctx_destroy(ctx);
 }
 
@@ -449,8 +465,10 @@ Test(gemm, argument_checks) {
   cr_assert_eq(moejit_gemm1_swiglu(ctx, &f, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
   moejit_spec w12 = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(64, 128, 64, 3, 12, 0));
   setenv("MOEJIT_GEMM_WGMMA", "0", 1); /* AUTO on mma.sync, which takes 4 or 8 warps */
+  setenv("MOEJIT_GEMM_GEMV", "0", 1);  /* (5 rows would take the GEMV path, warps unused) */
   cr_assert_eq(moejit_gemm2(ctx, &w12, &ok, NULL), MOEJIT_ERR_UNSUPPORTED);
   unsetenv("MOEJIT_GEMM_WGMMA");
+  unsetenv("MOEJIT_GEMM_GEMV");
   cr_assert(strstr(moejit_last_error(), "warps"), "%s", moejit_last_error());
   a = ok, a.path = MOEJIT_GEMM_PATH_WGMMA; /* fp32: the wgmma kernel cannot take it */
   cr_assert_eq(moejit_gemm2(ctx, &f, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
@@ -535,8 +553,9 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   /* decode: an explicit WGMMA path keeps the spec's tile (tuned choices) */
   cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, 8, "sm_90a", &p), MOEJIT_OK);
   cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma");
-  /* under AUTO, 8 rows would give 48 work items: the narrow 64x128 tile,
-   * 8 stages */
+  /* under AUTO (the GEMV path off), 8 rows would give 48 work items: the
+   * narrow 64x128 tile, 8 stages */
+  setenv("MOEJIT_GEMM_GEMV", "0", 1);
   cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 8, "sm_90a", &p), MOEJIT_OK);
   cr_assert(p.use_wgmma);
   cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
@@ -558,6 +577,7 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(p.wg_box_w_rows, 128);
   cr_assert_eq(mj_gemm_plan_make_for(&c, 2, MOEJIT_GEMM_PATH_AUTO, 8, "sm_90a", &p), MOEJIT_OK);
   cr_assert_eq(p.wg_cluster, 1, "the narrow decode tile runs without clusters");
+  unsetenv("MOEJIT_GEMM_GEMV");
   /* 128-row tiles: two consumer warpgroups */
   s.gemm2 = cfg(128, 128, 64, 4, 8, 0);
   cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_WGMMA, 100000, "sm_90a", &p), MOEJIT_OK);
@@ -582,4 +602,64 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert(strstr(moejit_last_error(), "fp16 or bf16"), "%s", moejit_last_error());
   cr_assert_eq(mj_gemm_plan_make_for(&f, 1, MOEJIT_GEMM_PATH_AUTO, 100, "sm_90a", &p), MOEJIT_OK);
   cr_assert(!p.use_wgmma && !p.use_mma, "fp32 under AUTO: SIMT");
+}
+
+/* The GEMV decode plan: AUTO takes it at MOEJIT_GEMV_MAX_ROWS rows or fewer
+ * on every arch, never above; an explicit path at any row count; refused
+ * (explicit) or passed over (AUTO) for dtypes it cannot take. */
+Test(gemm, gemv_plan) {
+  unsetenv("MOEJIT_GEMM_GEMV");
+  moejit_spec s = make_spec(2048, 768, 128, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
+  mj_gemm_plan p;
+  const char *archs[] = {"sm_90a", "sm_80", NULL};
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, MOEJIT_GEMV_MAX_ROWS, archs[i], &p),
+                 MOEJIT_OK);
+    cr_assert(p.use_gemv && !p.use_mma && !p.use_wgmma, "arch %s", archs[i] ? archs[i] : "none");
+    cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_gemv");
+    cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, MOEJIT_GEMV_MAX_ROWS + 1, archs[i], &p),
+                 MOEJIT_OK);
+    cr_assert(!p.use_gemv, "above MOEJIT_GEMV_MAX_ROWS rows AUTO streams tiles");
+  }
+  /* 8 rows reach at most 8 experts: 8 * 768/2 units, 8 warps a block */
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 8, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_eq(p.threads, MJ_GEMV_WARPS * 32u);
+  cr_assert_eq(p.grid, (unsigned)((8 * 768 / MJ_GEMV1_COLS + MJ_GEMV_WARPS - 1) / MJ_GEMV_WARPS));
+  cr_assert_eq(p.smem_bytes, 0u);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_GEMV, 100000, "sm_90a", &p), MOEJIT_OK);
+  cr_assert(p.use_gemv);
+  cr_assert_str_eq(p.entry, "moejit_gemm2_gemv");
+  cr_assert_eq(p.grid, (unsigned)((128 * 2048 / MJ_GEMV2_COLS + MJ_GEMV_WARPS - 1) / MJ_GEMV_WARPS));
+  setenv("MOEJIT_GEMM_GEMV", "0", 1);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 1, "sm_90a", &p), MOEJIT_OK);
+  cr_assert(!p.use_gemv, "MOEJIT_GEMM_GEMV=0 keeps AUTO off it");
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_GEMV, 1, "sm_90a", &p), MOEJIT_OK);
+  cr_assert(p.use_gemv, "an explicit path still runs it");
+  unsetenv("MOEJIT_GEMM_GEMV");
+  moejit_spec f = make_spec(264, 200, 5, MOEJIT_DTYPE_FP32, cfg(32, 64, 32, 2, 4, 0));
+  cr_assert_eq(mj_gemm_plan_make_for(&f, 2, MOEJIT_GEMM_PATH_GEMV, 4, "sm_90a", &p), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "GEMV"), "%s", moejit_last_error());
+  cr_assert_eq(mj_gemm_plan_make_for(&f, 2, MOEJIT_GEMM_PATH_AUTO, 4, "sm_90a", &p), MOEJIT_OK);
+  cr_assert(!p.use_gemv && !p.use_mma, "fp32 under AUTO: SIMT");
+  cr_assert_str_eq(moejit_gemm_path_name(MOEJIT_GEMM_PATH_GEMV), "gemv");
+}
+
+/* Decode shapes on the GEMV path: one row on each of eight experts (T = 1,
+ * k = 8), two and five rows (one pass, R = 2 and 8), nine and seventeen
+ * rows (a second and third pass), an expert past the first 32 (the active
+ * list's second ballot), a K that is not a multiple of 256 (the lanes' last
+ * chunk), fp16. */
+Test(gemm, gemv_decode_shapes) {
+  moejit_ctx *ctx = ctx_or_skip();
+  int32_t counts[40] = {0};
+  for (int i = 0; i < 8; i++) counts[(i * 7 + 3) % 40] = 1;
+  moejit_spec s = make_spec(2048, 768, 40, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
+  run_both(ctx, &s, counts, 0, MOEJIT_GEMM_PATH_AUTO);
+  int32_t multi[40] = {0};
+  multi[0] = 2, multi[5] = 5, multi[33] = 9, multi[39] = 17;
+  moejit_spec r = make_spec(1032, 584, 40, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
+  run_both(ctx, &r, multi, 3, MOEJIT_GEMM_PATH_AUTO);
+  moejit_spec h = make_spec(1032, 584, 40, MOEJIT_DTYPE_FP16, cfg(128, 256, 64, 4, 8, 0));
+  run_both(ctx, &h, multi, 0, MOEJIT_GEMM_PATH_AUTO);
+  moejit_ctx_destroy(ctx);
 }
