@@ -96,9 +96,11 @@ static void describe_tuned(const mj_tuned_table *t, const mj_gemm_variants *v,
   char cfg[64];
   mj_buf_printf(&b, "%s:", t->origin);
   for (int i = 0; i < v->n; i++) {
-    cfg_text(&v->v[i].cfg, cfg, sizeof cfg);
-    mj_buf_printf(&b, "%s T=%lld %s %s", i ? "," : "", (long long)v->v[i].tokens, cfg,
-                  moejit_gemm_path_name(v->v[i].path));
+    /* the GEMV kernel ignores the tile (it only names the module): the path says it all */
+    cfg[0] = '\0';
+    if (v->v[i].path != MOEJIT_GEMM_PATH_GEMV) cfg_text(&v->v[i].cfg, cfg, sizeof cfg);
+    mj_buf_printf(&b, "%s T=%lld %s%s%s", i ? "," : "", (long long)v->v[i].tokens, cfg,
+                  cfg[0] ? " " : "", moejit_gemm_path_name(v->v[i].path));
   }
   if (dropped->len) mj_buf_puts(&b, dropped->data);
   mj_strlcpy(row->config_source, "tuned", sizeof row->config_source);

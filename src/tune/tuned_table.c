@@ -44,8 +44,12 @@ static const unsigned char entry_required[EK_COUNT] = {1, 1, 1, 1, 1, 1, 1, 1,
 static const char *const kernel_names[] = {"gemm1", "gemm2"};
 static const char *const dtype_names[] = {"bf16", "fp16"};
 static const moejit_dtype dtype_values[] = {MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_FP16};
-static const char *const path_names[] = {"mma", "wgmma"};
-static const moejit_gemm_path path_values[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA};
+/* The paths a tuned entry may name (AUTO and SIMT are not tuned). A gemv
+ * entry still carries a tile: its kernel ignores it, but the module it
+ * lives in is built from it. */
+static const char *const path_names[] = {"mma", "wgmma", "gemv"};
+static const moejit_gemm_path path_values[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
+                                               MOEJIT_GEMM_PATH_GEMV};
 static const char *const raster_names[] = {"along_m", "along_n"};
 static const char *const schedule_names[] = {"cooperative", "pingpong"};
 
@@ -137,9 +141,11 @@ static int entry_problem(const mj_tuned_entry *e, int *key, char *why, size_t ca
     return *key = EK_DTYPE, out_of(why, cap, "%s is not a tensor-core dtype (allowed bf16, fp16)",
                                    moejit_dtype_name(e->dtype));
   if (shape_problem(e, key, why, cap) || cfg_problem(&e->cfg, key, why, cap)) return 1;
-  if (e->path != MOEJIT_GEMM_PATH_MMA && e->path != MOEJIT_GEMM_PATH_WGMMA)
+  if (e->path != MOEJIT_GEMM_PATH_MMA && e->path != MOEJIT_GEMM_PATH_WGMMA &&
+      e->path != MOEJIT_GEMM_PATH_GEMV)
     return *key = EK_PATH,
-           out_of(why, cap, "value %d is not a tuned path (allowed mma, wgmma)", (int)e->path);
+           out_of(why, cap, "value %d is not a tuned path (allowed mma, wgmma, gemv)",
+                  (int)e->path);
   if (!isfinite(e->us) || e->us <= 0)
     return *key = EK_US, out_of(why, cap, "%g is out of range (allowed a time > 0)", e->us);
   if (!isfinite(e->heuristic_us) || e->heuristic_us < 0)
@@ -343,7 +349,8 @@ static moejit_status parse_entry_values(const tparser *P, const mj_yaml_node **v
     if ((st = get_enum(P, v[EK_SCHEDULE], AT(EK_SCHEDULE), schedule_names, 2, &idx))) return st;
     e->cfg.schedule = (moejit_gemm_schedule)idx;
   }
-  if ((st = get_enum(P, v[EK_PATH], AT(EK_PATH), path_names, 2, &idx))) return st;
+  if ((st = get_enum(P, v[EK_PATH], AT(EK_PATH), path_names, MJ_ARRAY_LEN(path_names), &idx)))
+    return st;
   e->path = path_values[idx];
   if ((st = get_double(P, v[EK_US], AT(EK_US), &e->us))) return st;
   if (v[EK_HEURISTIC_US] &&
@@ -814,7 +821,8 @@ const char *mj_tuned_entry_blocker(const mj_tuned_entry *e, const moejit_spec *s
   if (mj_spec_check(&s, NULL) != MOEJIT_OK) return "the tile does not validate for this spec";
   if (e->path == MOEJIT_GEMM_PATH_MMA) return mj_gemm_mma_blocker(&s, which);
   if (e->path == MOEJIT_GEMM_PATH_WGMMA) return mj_gemm_wgmma_blocker(&s, which);
-  return "the path is neither mma nor wgmma";
+  if (e->path == MOEJIT_GEMM_PATH_GEMV) return mj_gemm_gemv_blocker(&s, which);
+  return "the path is not mma, wgmma or gemv";
 }
 
 const mj_tuned_entry *mj_tuned_lookup(const mj_tuned_table *t, const char *kernel,

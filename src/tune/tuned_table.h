@@ -24,8 +24,9 @@ typedef struct mj_tuned_entry {
   int64_t hidden, expert_width;
   int32_t experts, top_k;
   int64_t tokens;
-  moejit_gemm_cfg cfg;   /* the tile that won */
-  moejit_gemm_path path; /* MOEJIT_GEMM_PATH_MMA or _WGMMA: run exactly this */
+  moejit_gemm_cfg cfg;   /* the tile that won (gemv: the tile its module is built with;
+                            the GEMV kernel itself ignores it) */
+  moejit_gemm_path path; /* MOEJIT_GEMM_PATH_MMA, _WGMMA or _GEMV: run exactly this */
   double us;             /* its median time, microseconds */
   double heuristic_us;   /* the built-in choice's median in the same run; 0: unknown */
 } mj_tuned_entry;
@@ -58,7 +59,7 @@ moejit_status mj_tuned_table_write(const mj_tuned_table *t, const char *path);
 /* Adds e, replacing an entry with the same (kernel, dtype, shape, tokens);
  * entries stay sorted. INVALID_ARGUMENT (naming the field) for an entry a
  * table file could not hold: kernel not gemm1/gemm2, dtype not bf16/fp16,
- * path not MMA/WGMMA, shape, tile or times out of range. */
+ * path not MMA/WGMMA/GEMV, shape, tile or times out of range. */
 moejit_status mj_tuned_table_put(mj_tuned_table *t, const mj_tuned_entry *e);
 /* Frees the entries; *t becomes empty. NULL is a no-op. */
 void mj_tuned_table_free(mj_tuned_table *t);

@@ -46,7 +46,8 @@ static mj_tuned_entry random_entry(ts_rng *r) {
                             (int)(1 + ts_next(r) % 2),
                             (moejit_raster)(ts_next(r) % 2),
                             (moejit_gemm_schedule)(ts_next(r) % 2)};
-  e.path = ts_next(r) & 1 ? MOEJIT_GEMM_PATH_MMA : MOEJIT_GEMM_PATH_WGMMA;
+  e.path = (moejit_gemm_path[]){MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
+                                MOEJIT_GEMM_PATH_GEMV}[ts_next(r) % 3];
   e.us = ts_uniform(r, 0.5, 5000.0);
   e.heuristic_us = ts_next(r) % 4 ? ts_uniform(r, 0.5, 5000.0) : 0.0;
   return e;
@@ -136,6 +137,74 @@ Test(tuned_table, strings_with_quotes_and_an_empty_table_round_trip) {
   cr_expect_str_eq(back.arch, "");
   cr_expect_eq(back.n, 0);
   mj_tuned_table_free(&back);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* A gemv entry keeps its tile in the file (the module it is built with)
+ * and round-trips; the line differs from an mma entry's in the path word
+ * only, so entries of the other paths are written as before. */
+Test(tuned_table, gemv_entry_round_trips) {
+  char *dir = ts_mkdtemp("tuned-gemv");
+  mj_tuned_table t, back;
+  fill_header(&t, "NVIDIA H100 80GB HBM3");
+  mj_tuned_entry e = {
+      .kernel = "gemm2",
+      .dtype = MOEJIT_DTYPE_BF16,
+      .hidden = 2048,
+      .expert_width = 768,
+      .experts = 128,
+      .top_k = 8,
+      .tokens = 1,
+      .cfg = {128, 256, 128, 2, 8, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE},
+      .path = MOEJIT_GEMM_PATH_GEMV,
+      .us = 11.5,
+      .heuristic_us = 11.75};
+  OK(mj_tuned_table_put(&t, &e));
+  e.tokens = 2, e.path = MOEJIT_GEMM_PATH_MMA;
+  OK(mj_tuned_table_put(&t, &e));
+  char path[1200];
+  snprintf(path, sizeof path, "%s/t.yaml", dir);
+  OK(mj_tuned_table_write(&t, path));
+  char *text = NULL;
+  size_t len = 0;
+  OK(mj_read_file(path, &text, &len));
+  const char *line =
+      "  - {kernel: gemm2, dtype: bf16, hidden: 2048, expert_width: 768, experts: 128, top_k: 8, "
+      "tokens: 1, tile: [128, 256, 128], stages: 2, warps: 8, path: gemv, us: 11.5, "
+      "heuristic_us: 11.75}\n"
+      "  - {kernel: gemm2, dtype: bf16, hidden: 2048, expert_width: 768, experts: 128, top_k: 8, "
+      "tokens: 2, tile: [128, 256, 128], stages: 2, warps: 8, path: mma, us: 11.5, "
+      "heuristic_us: 11.75}\n";
+  cr_expect(strstr(text, line), "%s", text);
+  OK(mj_tuned_table_load_file(path, &back));
+  cr_assert_eq(back.n, 2);
+  for (size_t i = 0; i < t.n; i++) expect_same_entry(&t.entries[i], &back.entries[i], i);
+  cr_expect_eq(back.entries[0].path, MOEJIT_GEMM_PATH_GEMV);
+  free(text);
+  mj_tuned_table_free(&t), mj_tuned_table_free(&back);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* The shipped tables are written by this writer: parse + write gives their
+ * bytes back (so the writer's output did not change under them). */
+Test(tuned_table, shipped_tables_rewrite_byte_for_byte) {
+  char *dir = ts_mkdtemp("tuned-shipped");
+  for (size_t i = 0; i < mj_embedded_tuned_count; i++) {
+    mj_tuned_table t;
+    OK(mj_tuned_table_parse(mj_embedded_tuned[i].text, mj_embedded_tuned[i].len, "shipped", &t));
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, mj_embedded_tuned[i].name);
+    OK(mj_tuned_table_write(&t, path));
+    char *text = NULL;
+    size_t len = 0;
+    OK(mj_read_file(path, &text, &len));
+    cr_expect(len == mj_embedded_tuned[i].len && !memcmp(text, mj_embedded_tuned[i].text, len),
+              "%s is not what the writer writes", mj_embedded_tuned[i].name);
+    free(text);
+    mj_tuned_table_free(&t);
+  }
   ts_rmtree(dir);
   free(dir);
 }
@@ -275,7 +344,8 @@ Test(tuned_table, out_of_range_values_name_their_position) {
   expect_value_error("tile", "64x64x64", "a list of 3 integers");
   expect_value_error("stages", "9", "allowed 2..8");
   expect_value_error("warps", "6", "allowed 4, 8, 12");
-  expect_value_error("path", "auto", "allowed mma, wgmma");
+  expect_value_error("path", "auto", "allowed mma, wgmma, gemv");
+  expect_value_error("path", "simt", "allowed mma, wgmma, gemv");
   expect_value_error("us", "-1", "out of range");
   expect_value_error("us", "0", "out of range");
   expect_value_error("us", "nan", "a decimal number");
@@ -458,6 +528,48 @@ Test(tuned_lookup, entries_that_cannot_run_the_spec_are_skipped) {
   cr_assert_not_null(got);
   cr_expect_eq(got->tokens, 64);
   cr_expect_eq(m, MJ_TUNED_NEAREST);
+  mj_tuned_table_free(&t);
+}
+
+/* A gemv entry applies where the GEMV kernel takes the spec, whatever the
+ * mma kernel's limits (12 warps); its tile must still validate (the module
+ * is built from it). Where the GEMV kernel cannot run the spec (fp32, or d
+ * not a multiple of 8), its blocker says why. */
+Test(tuned_lookup, gemv_entries_apply_where_the_gemv_kernel_runs) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  mj_tuned_entry e = entry_for(&s, "gemm1", 1, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_GEMV);
+  OK(mj_tuned_table_put(&t, &e));
+  mj_tuned_match m;
+  const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &s, 2, &m);
+  cr_assert(got && got->path == MOEJIT_GEMM_PATH_GEMV && m == MJ_TUNED_NEAREST,
+            "12 warps: the mma kernel would refuse it, the GEMV kernel does not care");
+  cr_expect_null(mj_tuned_entry_blocker(got, &s));
+  /* a tile that does not validate: skipped, even on gemv */
+  mj_tuned_entry bad = entry_for(&s, "gemm1", 8, tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_GEMV);
+  cr_expect_str_eq(mj_tuned_entry_blocker(&bad, &s), "the tile does not validate for this spec");
+  OK(mj_tuned_table_put(&t, &bad));
+  got = mj_tuned_lookup(&t, "gemm1", &s, 8, &m);
+  cr_expect(got && got->tokens == 1, "the bucket of 8 does not apply");
+  /* specs the GEMV kernel cannot run (no table entry can name them: the
+   * lookup's shape rule already keeps such entries out) */
+  moejit_spec f = s;
+  f.act_dtype = f.weight_dtype = f.out_dtype = MOEJIT_DTYPE_FP32;
+  f.gemm1 = f.gemm2 = tile(64, 64, 32, 2, 4);
+  OK(moejit_spec_validate(&f));
+  mj_tuned_entry ef = entry_for(&s, "gemm1", 1, f.gemm1, MOEJIT_GEMM_PATH_GEMV);
+  const char *why = mj_tuned_entry_blocker(&ef, &f);
+  cr_expect(why && strstr(why, "fp16 or bf16"), "%s", why ? why : "(null)");
+  cr_expect_null(mj_tuned_lookup(&t, "gemm1", &f, 1, &m));
+  /* d = 2052 is no valid spec at all: refused before the GEMV kernel's
+   * own rule, which would say the same */
+  moejit_spec odd = s;
+  odd.hidden = 2052;
+  cr_expect_not_null(mj_tuned_entry_blocker(&e, &odd));
+  why = mj_gemm_gemv_blocker(&odd, 1);
+  cr_expect(why && strstr(why, "multiples of 8"), "%s", why ? why : "(null)");
+  cr_expect_null(mj_tuned_lookup(&t, "gemm1", &odd, 1, &m));
   mj_tuned_table_free(&t);
 }
 
@@ -717,6 +829,38 @@ Test(tuned_pick, forward_choice_exact_nearest_and_heuristic) {
   mj_tuned_table_free(&t);
 }
 
+/* A gemv variant: kept on any arch, reported without a tile, and run
+ * (explicit path: at any row count) for the T its bucket serves. */
+Test(tuned_pick, gemv_variant_runs_the_gemv_kernel) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  strcpy(t.origin, "dev.yaml");
+  const mj_tuned_entry es[] = {
+      entry_for(&s, "gemm2", 1, s.gemm2, MOEJIT_GEMM_PATH_GEMV),
+      entry_for(&s, "gemm2", 32, tile(16, 128, 128, 3, 4), MOEJIT_GEMM_PATH_MMA),
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(&t, &es[i]));
+  const char *archs[] = {"sm_90a", "sm_80", ""};
+  for (size_t a = 0; a < MJ_ARRAY_LEN(archs); a++) {
+    picked p = collect(&t, NULL, &s, 2, archs[a]);
+    cr_assert_eq(p.v.n, 2, "%s", archs[a]);
+    cr_expect_str_eq(p.row.config_detail, "dev.yaml: T=1 gemv, T=32 16x128x128 s3 w4 mma");
+    mj_gemm_choice c;
+    for (int64_t tokens = 1; tokens <= 5; tokens++) { /* 5 is nearer 1 than 32 */
+      OK(mj_gemm_choose(&s, &p.v, 2, tokens, archs[a], &c));
+      cr_expect_eq(c.variant, 0, "%s T=%lld", archs[a], (long long)tokens);
+      cr_expect_eq(c.path, MOEJIT_GEMM_PATH_GEMV);
+      cr_expect(c.plan.use_gemv, "T=%lld: %s", (long long)tokens, c.plan.entry);
+      cr_expect_str_eq(c.plan.entry, "moejit_gemm2_gemv");
+      cr_expect_eq(c.match, tokens == 1 ? MJ_TUNED_EXACT : MJ_TUNED_NEAREST);
+    }
+    OK(mj_gemm_choose(&s, &p.v, 2, 6, archs[a], &c));
+    cr_expect(c.variant == 1 && c.path == MOEJIT_GEMM_PATH_MMA, "T=6 takes the bucket of 32");
+  }
+  mj_tuned_table_free(&t);
+}
+
 /* A 16x32 tile makes 64 times the heuristic's CTAs: at the largest T its
  * grid outgrows int32 while the heuristic's fits, so that call falls back. */
 Test(tuned_pick, a_variant_whose_plan_fails_at_this_t_falls_back) {
@@ -776,13 +920,16 @@ Test(tuned_pick, model_gemm_choice_describes_what_runs) {
   OK(moejit_model_gemm_choice(m, "gemm1", 1000, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_TUNED_NEAREST);
   cr_expect(strstr(desc, "tuned, nearest bucket T=4 for T=1000: 32x128x64"), "%s", desc);
+  /* T=1: 8 rows of qwen3's top-8, where AUTO runs the GEMV kernel */
   OK(moejit_model_gemm_choice(m, "gemm2", 1, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_HEURISTIC);
   cr_expect(!strncmp(desc, "heuristic: ", 11) &&
                 strstr(desc,
-                       ", path auto, entry moejit_gemm2_mma (/x/Fake_GPU.yaml has no "
+                       ", path auto, entry moejit_gemm2_gemv (/x/Fake_GPU.yaml has no "
                        "gemm2 entry for bf16 d=2048"),
             "%s", desc);
+  OK(moejit_model_gemm_choice(m, "gemm2", 2, desc, sizeof desc, &src));
+  cr_expect(strstr(desc, ", path auto, entry moejit_gemm2_mma ("), "T=2, 16 rows: %s", desc);
   OK(moejit_model_gemm_choice(m, "gemm1", INT32_MAX / 8, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_TUNED_NEAREST);
   char small[12];
