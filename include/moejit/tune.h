@@ -127,8 +127,9 @@ typedef struct moejit_tune_winner {
   int32_t experts, top_k;
   int64_t tokens;
   moejit_gemm_cfg cfg;
-  /* A moejit_gemm_path, MOEJIT_GEMM_PATH_MMA or _WGMMA (an int here because
-   * moejit/gemm.h may not be complete when this header is read). */
+  /* A moejit_gemm_path, MOEJIT_GEMM_PATH_MMA, _WGMMA or _GEMV (an int here
+   * because moejit/gemm.h may not be complete when this header is read).
+   * GEMV ignores cfg: it is the tile the kernel's module is built with. */
   int path;
   double us;           /* its median, microseconds */
   double heuristic_us; /* moejit's built-in choice (path AUTO) in the same run; 0: unknown */
@@ -147,7 +148,7 @@ typedef struct moejit_tune_summary {
   moejit_tune_reason prune_reasons[MOEJIT_TUNE_MAX_REASONS];
   size_t n_prune_reasons;
   size_t points; /* (candidate, token count) pairs to time, heuristic baselines included */
-  /* Compiling: distinct kernels (a tile config's module serves both paths). */
+  /* Compiling: distinct kernels (a tile config's module serves every path). */
   size_t kernels, cache_hits, compiled, compile_failed;
   double compile_s;      /* wall time of the parallel compile phase */
   double kernels_per_s;  /* kernels / compile_s (cache hits included) */
@@ -197,11 +198,11 @@ MOEJIT_API void moejit_tune_summary_free(moejit_tune_summary *summary);
  * moejit_device_info name, "NVIDIA H100 80GB HBM3") names for GEMM `which`
  * (1 or 2) of spec at `tokens` tokens, found as model loading finds it
  * ($MOEJIT_TUNED_DIR, then the embedded tables; the nearest token bucket):
- * *cfg and *path (MMA or WGMMA) and *source (TUNED_EXACT or TUNED_NEAREST;
- * may be NULL). NOT_FOUND, with the reason, when there is no table or no
- * entry for this shape (then run spec's own tiles with path AUTO); CONFIG
- * when the table does not parse; INVALID_ARGUMENT for NULL arguments,
- * which other than 1 or 2, tokens < 1. Host only. */
+ * *cfg and *path (MMA, WGMMA or GEMV) and *source (TUNED_EXACT or
+ * TUNED_NEAREST; may be NULL). NOT_FOUND, with the reason, when there is
+ * no table or no entry for this shape (then run spec's own tiles with path
+ * AUTO); CONFIG when the table does not parse; INVALID_ARGUMENT for NULL
+ * arguments, which other than 1 or 2, tokens < 1. Host only. */
 MOEJIT_API moejit_status moejit_tuned_choice(const char *device_name, const moejit_spec *spec,
                                              int which, int64_t tokens, moejit_gemm_cfg *cfg,
                                              int *path, int *source);

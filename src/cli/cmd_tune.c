@@ -193,14 +193,14 @@ static void print_speedups(const moejit_tune_summary *s) {
          "speedup", "TFLOP/s", "tuned config");
   for (size_t i = 0; i < s->n_winners; i++) {
     const moejit_tune_winner *w = &s->winners[i];
-    char cfg[64], speed[16] = "-", heur[16] = "-";
-    cfg_str(&w->cfg, cfg, sizeof cfg);
+    char cfg[64] = "", speed[16] = "-", heur[16] = "-";
+    if (w->path != MOEJIT_GEMM_PATH_GEMV) cfg_str(&w->cfg, cfg, sizeof cfg); /* gemv: no tile */
     if (w->heuristic_us > 0) {
       snprintf(speed, sizeof speed, "%.2fx", w->heuristic_us / w->us);
       snprintf(heur, sizeof heur, "%.1f", w->heuristic_us);
     }
-    printf("%-16s %-6s %7lld %11s %11.1f %8s %9.1f  %s %s\n", w->shape, w->kernel,
-           (long long)w->tokens, heur, w->us, speed, w->tflops, cfg,
+    printf("%-16s %-6s %7lld %11s %11.1f %8s %9.1f  %s%s%s\n", w->shape, w->kernel,
+           (long long)w->tokens, heur, w->us, speed, w->tflops, cfg, cfg[0] ? " " : "",
            moejit_gemm_path_name(w->path));
   }
 }

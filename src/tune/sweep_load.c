@@ -261,7 +261,12 @@ static moejit_status get_mask(const sl *L, const mj_yaml_node *n, const char *pa
 }
 
 static const char *const kKernelNames[] = {"gemm1", "gemm2"};
-static const char *const kPathNames[] = {"mma", "wgmma"};
+/* The paths a space may name, and their moejit_gemm_path values. gemv is
+ * never a default: its candidates ignore the tile (one per shape and
+ * kernel survives the dedupe) and re-read weights above a few rows. */
+static const char *const kPathNames[] = {"mma", "wgmma", "gemv"};
+static const moejit_gemm_path kPathValues[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
+                                               MOEJIT_GEMM_PATH_GEMV};
 
 static moejit_status get_kernels(const sl *L, const mj_yaml_node *n, const char *path,
                                  unsigned *m) {
@@ -270,9 +275,10 @@ static moejit_status get_kernels(const sl *L, const mj_yaml_node *n, const char 
 
 static moejit_status get_paths(const sl *L, const mj_yaml_node *n, const char *path, unsigned *m) {
   unsigned raw;
-  moejit_status st = get_mask(L, n, path, kPathNames, 2, 0, &raw);
-  *m = ((raw & 1u) ? MJ_PATH_BIT(MOEJIT_GEMM_PATH_MMA) : 0) |
-       ((raw & 2u) ? MJ_PATH_BIT(MOEJIT_GEMM_PATH_WGMMA) : 0);
+  moejit_status st = get_mask(L, n, path, kPathNames, (int)MJ_ARRAY_LEN(kPathNames), 0, &raw);
+  *m = 0;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kPathNames); i++)
+    if (raw & (1u << i)) *m |= MJ_PATH_BIT(kPathValues[i]);
   return st;
 }
 

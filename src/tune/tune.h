@@ -32,7 +32,7 @@ enum {
 
 /* Bits of the kernels and paths masks. */
 #define MJ_KERNEL_BIT(which) (1u << (which))       /* which: 1 gemm1, 2 gemm2 */
-#define MJ_PATH_BIT(path) (1u << (unsigned)(path)) /* MOEJIT_GEMM_PATH_MMA, _WGMMA */
+#define MJ_PATH_BIT(path) (1u << (unsigned)(path)) /* MOEJIT_GEMM_PATH_MMA, _WGMMA, _GEMV */
 
 typedef struct mj_sweep_shape {
   char name[MOEJIT_NAME_MAX];
@@ -80,7 +80,7 @@ struct moejit_sweep {
 typedef struct mj_tune_cand {
   int shape, which; /* index into sweep->shapes; 1 gemm1, 2 gemm2 */
   moejit_gemm_cfg cfg;
-  moejit_gemm_path path; /* MOEJIT_GEMM_PATH_MMA or _WGMMA */
+  moejit_gemm_path path; /* MOEJIT_GEMM_PATH_MMA, _WGMMA or _GEMV */
   uint32_t tmask;        /* token counts (bits index shape->tokens) it is timed at */
   int pruned;            /* 1: not compiled or timed */
   char category[96];     /* pruning reason, counted in the summary */
@@ -110,8 +110,10 @@ void mj_tune_cand_spec(const moejit_sweep *sweep, int shape, int which, const mo
                        const char *arch, moejit_spec *out);
 
 /* The (cfg, explicit path) AUTO runs for `rows` rows of GEMM `which` of
- * base on arch: the spec's tile on wgmma or mma, the narrow decode tile on
- * wgmma, or mma.sync's decode tile. 0 when AUTO would run SIMT. */
+ * base on arch: GEMV (rows <= MOEJIT_GEMV_MAX_ROWS; cfg is the spec's tile,
+ * which that kernel ignores), the spec's tile on wgmma or mma, the narrow
+ * decode tile on wgmma, or mma.sync's decode tile. 0 when AUTO would run
+ * SIMT. */
 int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
                            moejit_gemm_cfg *cfg, moejit_gemm_path *path);
 

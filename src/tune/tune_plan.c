@@ -13,7 +13,10 @@
 
 /* What makes two candidates the same kernel launch: the plan fields the
  * kernel's code and launch depend on (grid size aside). The mma path's
- * smem folds tile_k and stages together, so they are kept apart here. */
+ * smem folds tile_k and stages together, so they are kept apart here. The
+ * GEMV plan ignores the spec's tile (fixed rows and columns per warp, no
+ * shared memory, no raster): every gemv candidate of a shape and kernel has
+ * one key, so one of them is kept. */
 typedef struct plan_key {
   const char *entry;
   int tile_m, tile_n, threads, smem, wm, wn, wk, wg_stages, box_a, box_w, cluster, pingpong;
@@ -43,7 +46,8 @@ static plan_key key_of(const mj_gemm_plan *p, const moejit_gemm_cfg *cfg) {
                 .cluster = p->wg_cluster,
                 .pingpong = p->wg_pingpong,
                 .raster = (int)cfg->raster};
-  if (!p->use_wgmma) k.tile_k = cfg->tile_k, k.stages = cfg->stages;
+  if (p->use_gemv) k.raster = 0;
+  if (!p->use_wgmma && !p->use_gemv) k.tile_k = cfg->tile_k, k.stages = cfg->stages;
   return k;
 }
 
@@ -126,13 +130,18 @@ static const char *rule_category(const char *msg) {
 }
 
 /* Output columns per tile and the reduction step must divide N and K
- * (a ragged last tile computes idle columns on every expert). */
+ * (a ragged last tile computes idle columns on every expert). The GEMV
+ * kernel ignores the tile: its warps take MJ_GEMV1_COLS / MJ_GEMV2_COLS
+ * output columns and K in 16-byte (8-element) loads, which its blocker's
+ * multiples of 8 already divide. */
 static const char *divisibility(const moejit_spec *s, int which, const moejit_gemm_cfg *g,
                                 moejit_gemm_path path, char *detail, size_t cap) {
   int64_t n = which == 1 ? s->expert_width : s->hidden,
           k = which == 1 ? s->hidden : s->expert_width;
-  int cols = which == 1 ? g->tile_n / 2 : g->tile_n;
-  int step = path == MOEJIT_GEMM_PATH_WGMMA ? 64 : g->tile_k;
+  const int gemv = path == MOEJIT_GEMM_PATH_GEMV;
+  int cols = gemv ? (which == 1 ? MJ_GEMV1_COLS : MJ_GEMV2_COLS)
+                  : (which == 1 ? g->tile_n / 2 : g->tile_n);
+  int step = gemv ? 8 : path == MOEJIT_GEMM_PATH_WGMMA ? 64 : g->tile_k;
   if (n % cols) {
     snprintf(detail, cap, "divisibility: %lld output columns are not a multiple of the tile's %d",
              (long long)n, cols);
@@ -144,6 +153,20 @@ static const char *divisibility(const moejit_spec *s, int which, const moejit_ge
     return "divisibility (K)";
   }
   return NULL;
+}
+
+/* Why the kernel of `path` cannot run GEMM `which` of spec, or NULL. */
+static const char *path_blocker(const moejit_spec *spec, int which, moejit_gemm_path path) {
+  switch (path) {
+    case MOEJIT_GEMM_PATH_MMA:
+      return mj_gemm_mma_blocker(spec, which);
+    case MOEJIT_GEMM_PATH_WGMMA:
+      return mj_gemm_wgmma_blocker(spec, which);
+    case MOEJIT_GEMM_PATH_GEMV:
+      return mj_gemm_gemv_blocker(spec, which);
+    default:
+      return "not a tuned path";
+  }
 }
 
 static int find_same(const builder *b, const mj_tune_cand *c, const plan_key *k) {
@@ -172,8 +195,7 @@ static moejit_status add_candidate(builder *b, mj_tune_cand c, int check_divisib
     prune(&c, "wgmma needs sm_90a", detail);
   } else if (moejit_spec_validate(&spec) != MOEJIT_OK) {
     prune(&c, rule_category(moejit_last_error()), moejit_last_error());
-  } else if ((blocker = c.path == MOEJIT_GEMM_PATH_MMA ? mj_gemm_mma_blocker(&spec, c.which)
-                                                       : mj_gemm_wgmma_blocker(&spec, c.which))) {
+  } else if ((blocker = path_blocker(&spec, c.which, c.path))) {
     char category[96]; /* the blocker's gist: up to its first ':' */
     snprintf(category, sizeof category, "%s kernel: %.*s", moejit_gemm_path_name(c.path),
              (int)strcspn(blocker, ":"), blocker);
@@ -213,12 +235,14 @@ static uint32_t space_tmask(const mj_sweep_shape *sh, const mj_sweep_space *sp) 
 static moejit_status enumerate_space(builder *b, int shape, int which, const mj_sweep_space *sp) {
   uint32_t tmask = space_tmask(&b->sw->shapes[shape], sp);
   if (!tmask) return MOEJIT_OK;
+  static const moejit_gemm_path paths[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
+                                           MOEJIT_GEMM_PATH_GEMV};
   int idx[MJ_P_COUNT] = {0};
-  for (int path = MOEJIT_GEMM_PATH_MMA; path <= MOEJIT_GEMM_PATH_WGMMA; path += 2) {
+  for (size_t pi = 0; pi < MJ_ARRAY_LEN(paths); pi++) {
+    const moejit_gemm_path path = paths[pi];
     if (!(sp->paths & MJ_PATH_BIT(path))) continue;
     for (;;) {
-      mj_tune_cand c = {
-          .shape = shape, .which = which, .path = (moejit_gemm_path)path, .tmask = tmask};
+      mj_tune_cand c = {.shape = shape, .which = which, .path = path, .tmask = tmask};
       c.cfg = (moejit_gemm_cfg){
           .tile_m = sp->values[MJ_P_TILE_M][idx[MJ_P_TILE_M]],
           .tile_n = sp->values[MJ_P_TILE_N][idx[MJ_P_TILE_N]],
@@ -240,9 +264,10 @@ static moejit_status enumerate_space(builder *b, int shape, int which, const mj_
 }
 
 /* The (path, tile) AUTO runs at `rows` rows, as an explicit candidate:
- * the spec's tile on wgmma or mma, the narrow decode tile on wgmma (its
- * plan's tile with its k-stages as 64-wide stages: the same launch), or
- * the decode tile on mma. 0 for SIMT. */
+ * the GEMV kernel (with the spec's tile, which it ignores; the module is
+ * the spec's own), the spec's tile on wgmma or mma, the narrow decode tile
+ * on wgmma (its plan's tile with its k-stages as 64-wide stages: the same
+ * launch), or the decode tile on mma. 0 for SIMT. */
 int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
                            moejit_gemm_cfg *cfg, moejit_gemm_path *path) {
   mj_gemm_plan plan;
@@ -253,6 +278,10 @@ int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, con
   moejit_spec scratch;
   const moejit_spec *ks = mj_gemm_kernel_spec(base, which, &plan, &scratch);
   *cfg = which == 1 ? ks->gemm1 : ks->gemm2;
+  if (plan.use_gemv) {
+    *path = MOEJIT_GEMM_PATH_GEMV;
+    return 1;
+  }
   if (plan.use_wgmma) {
     *path = MOEJIT_GEMM_PATH_WGMMA;
     if (strstr(plan.entry, "narrow")) {

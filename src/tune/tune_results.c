@@ -102,12 +102,11 @@ static int parse_dtype(const char *s, moejit_dtype *out) {
   return 0;
 }
 
+/* A path as moejit_gemm_path_name writes it ("auto", "mma", ..., "gemv"). */
 static int parse_path(const char *s, moejit_gemm_path *out) {
-  static const char *const names[] = {"auto", "mma", "simt", "wgmma"};
-  int i = find_name(s, names, 4);
-  if (i < 0) return 0;
-  *out = (moejit_gemm_path)i;
-  return 1;
+  for (int p = MOEJIT_GEMM_PATH_AUTO; p <= MOEJIT_GEMM_PATH_GEMV; p++)
+    if (!strcmp(s, moejit_gemm_path_name(p))) return *out = (moejit_gemm_path)p, 1;
+  return 0;
 }
 
 static int parse_i64(const char *s, int64_t *out) {

@@ -135,8 +135,44 @@ static int cmp_hashed(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+static int base_spec(const run *r, const mj_tune_row *row, moejit_spec *base);
+
+/* A heuristic row names AUTO, not what AUTO resolves to, so an earlier
+ * run's time goes stale when AUTO changes (it took the GEMV kernel at
+ * decode; MOEJIT_GEMM_GEMV / _WGMMA in the environment). It is kept only
+ * when the explicit twin AUTO resolves to now (a candidate of the same
+ * group) was resumed too; else it is timed again beside that twin, so the
+ * winner rule (the heuristic's time for its twin's plan) compares like
+ * with like. Rows are grouped: the heuristic row, then its candidates. */
+static void drop_stale_heuristics(run *r) {
+  for (size_t i = 0; i < r->rows.n; i++) {
+    mj_tune_row *h = &r->rows.rows[i];
+    if (h->role != MJ_ROLE_HEURISTIC || h->status == MJ_TS_PENDING) continue;
+    moejit_spec base;
+    moejit_gemm_cfg cfg;
+    moejit_gemm_path path;
+    base_spec(r, h, &base);
+    if (!mj_tune_heuristic_tile(&base, h->which, h->tokens * h->top_k, r->be->arch, &cfg, &path))
+      continue;
+    for (size_t j = i + 1; j < r->rows.n && r->rows.rows[j].role != MJ_ROLE_HEURISTIC; j++) {
+      const mj_tune_row *twin = &r->rows.rows[j];
+      if (twin->path != path || memcmp(&twin->cfg, &cfg, sizeof cfg) != 0) continue;
+      if (twin->status == MJ_TS_PENDING) {
+        h->status = MJ_TS_PENDING;
+        h->us = h->tflops = h->gbs = h->rel_err = 0, h->iters = 0;
+        h->reason[0] = '\0';
+        mj_strlcpy(h->date, r->date, sizeof h->date);
+        r->sum->resumed--;
+      }
+      break;
+    }
+  }
+}
+
 /* Rows an earlier run measured on this device (ok or wrong) are taken as
- * they are; any old row naming a current one is superseded (not carried). */
+ * they are; any old row naming a current one is superseded (not carried).
+ * A heuristic row whose AUTO now resolves to a launch not measured before
+ * is timed again (drop_stale_heuristics). */
 static moejit_status resume(run *r) {
   hashed *idx = malloc((r->old.n ? r->old.n : 1) * sizeof *idx);
   r->old_used = calloc(r->old.n ? r->old.n : 1, 1);
@@ -172,6 +208,7 @@ static moejit_status resume(run *r) {
     }
   }
   free(idx);
+  drop_stale_heuristics(r);
   return MOEJIT_OK;
 }
 
@@ -187,7 +224,7 @@ static int unit_for(run *r, int shape, int which, const moejit_gemm_cfg *cfg) {
 }
 
 /* A unit per distinct tile config that has rows left to time (a config's
- * module holds the mma and wgmma entries both). */
+ * module holds the mma, wgmma and gemv entries all). */
 static moejit_status make_units(run *r) {
   size_t pairs = (size_t)r->sw->n_shapes * 2;
   r->units = calloc(r->plan.n + pairs + 1, sizeof *r->units);

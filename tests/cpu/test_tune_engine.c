@@ -11,12 +11,16 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "ops/ops.h"
 #include "test_support.h"
 #include "tune/tune.h"
 #include "tune/tuned_table.h"
 
 /* The smoke sweep's shape and spaces, inline so the numbers below hold
- * whatever configs/sweeps/smoke.yaml becomes. */
+ * whatever configs/sweeps/smoke.yaml becomes. At T = 4 the GEMMs see 8 rows,
+ * where AUTO runs the GEMV kernel: its heuristic candidate there is path
+ * gemv with the shape's own tile (so no kernel of its own); at T = 64 and
+ * 512 AUTO runs the narrow wgmma tile. */
 static const char kSweep[] =
     "name: fake\n"
     "tokens: [4, 64, 512]\n"
@@ -35,7 +39,8 @@ typedef struct fake {
   int64_t fail_open_tokens; /* open_group fails for this T */
   int die_after;            /* the GPU dies at this measure (0: never) */
   int dead;
-  double auto_us;           /* the heuristic's time (0: 1000 us) */
+  double auto_us; /* the heuristic's time (0: 1000 us) */
+  double gemv_us; /* gemv candidates' time (0: the formula below) */
 } fake;
 
 static moejit_status fake_compile(void *state, const moejit_spec *spec, const char *family,
@@ -66,6 +71,7 @@ static double fake_us(const fake *f, const moejit_spec *spec, int which, moejit_
                       int64_t tokens) {
   const moejit_gemm_cfg *c = which == 1 ? &spec->gemm1 : &spec->gemm2;
   if (path == MOEJIT_GEMM_PATH_AUTO) return f->auto_us > 0 ? f->auto_us : 1000;
+  if (path == MOEJIT_GEMM_PATH_GEMV && f->gemv_us > 0) return f->gemv_us;
   return 100 + (double)tokens / 8 + c->tile_m * 0.5 + c->tile_n * 0.1 +
          (path == MOEJIT_GEMM_PATH_MMA ? 20 : 0) + c->stages + which;
 }
@@ -164,10 +170,13 @@ Test(tune_engine, winners_skip_wrong_candidates) {
   moejit_tune_summary s;
   cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
   cr_assert(s.timed);
-  cr_assert_eq(s.enumerated, 14);
+  /* per kernel: 6 space configs (2 of them duplicates), the narrow wgmma
+   * tile (T = 64, 512) and gemv (T = 4) */
+  cr_assert_eq(s.enumerated, 16);
   cr_assert_eq(s.pruned, 4);
-  /* 10 candidates + the shape tiles the heuristic runs, of which gemm2's
-   * (128x128x64 s4 w8) is also a wgmma candidate: one module serves both */
+  /* 12 candidates in 11 modules: the gemv ones are built with the shape's
+   * tiles, which the heuristic runs too, and gemm2's (128x128x64 s4 w8) is
+   * also a wgmma candidate: one module serves every path */
   cr_assert_eq(s.kernels, 11);
   cr_assert_eq(f.compiles, 11);
   cr_assert_eq(s.wrong, 6, "mma 16x128 at 3 token counts x 2 kernels");
@@ -183,7 +192,7 @@ Test(tune_engine, winners_skip_wrong_candidates) {
     cr_assert_eq(w->cfg.warps, 8);
     cr_assert_float_eq(w->heuristic_us, 1000, 1e-9);
     cr_assert_float_eq(w->us, 100 + w->tokens / 8.0 + 32 + 12.8 + 4 + (w->kernel[4] - '0'), 1e-6);
-    cr_assert_eq(w->candidates_ok, 4, "narrow, mma 64, wgmma 64 and 128");
+    cr_assert_eq(w->candidates_ok, 4, "narrow (gemv at T=4), mma 64, wgmma 64 and 128");
     cr_assert_gt(w->tflops, 0);
   }
   cr_assert_str_eq(s.table_path, table);
@@ -203,8 +212,12 @@ Test(tune_engine, heuristic_faster_wins_as_its_explicit_plan) {
     const moejit_tune_winner *w = &s.winners[i];
     cr_assert_float_eq(w->us, 50, 1e-9);
     cr_assert_float_eq(w->heuristic_us, 50, 1e-9);
-    cr_assert(w->path == MOEJIT_GEMM_PATH_MMA || w->path == MOEJIT_GEMM_PATH_WGMMA,
+    cr_assert(w->path == MOEJIT_GEMM_PATH_MMA || w->path == MOEJIT_GEMM_PATH_WGMMA ||
+                  w->path == MOEJIT_GEMM_PATH_GEMV,
               "an explicit path, never AUTO");
+    /* 8 rows at T = 4: AUTO runs the GEMV kernel, so that is the winner */
+    cr_assert_eq(w->path == MOEJIT_GEMM_PATH_GEMV, w->tokens == 4, "%s T=%lld: %s", w->kernel,
+                 (long long)w->tokens, moejit_gemm_path_name(w->path));
     cr_assert_gt(w->tflops, 0);
   }
   moejit_tune_summary_free(&s);
@@ -217,7 +230,7 @@ Test(tune_engine, outputs_parse_back) {
   mj_tune_rows rows;
   read_results(&rows);
   /* per (kernel, T): the heuristic, then its kernel's 7 candidates (2 of
-   * them pruned): 6 groups x 8 rows */
+   * them pruned; gemv at T = 4, the narrow tile above): 6 groups x 8 rows */
   cr_assert_eq(rows.n, 6 * 8);
   cr_assert_eq(count_status(&rows, MJ_TS_PRUNED), 6 * 2);
   cr_assert_eq(count_status(&rows, MJ_TS_WRONG), 6);
@@ -250,8 +263,8 @@ Test(tune_engine, outputs_parse_back) {
   cr_assert_eq(ts_count_substr(svg, "<g>"), ts_count_substr(svg, "</g>"));
   cr_assert_eq(ts_count_substr(svg, "<polyline class=\"winner\""), 2);
   cr_assert_eq(ts_count_substr(svg, "<polyline class=\"heuristic\""), 2);
-  cr_assert_eq(ts_count_substr(svg, "<polyline class=\"cand\""), 2 * 4,
-               "one line per correct config");
+  cr_assert_eq(ts_count_substr(svg, "<polyline class=\"cand\""), 2 * 5,
+               "one line per correct config (gemv's of one point)");
   cr_assert_eq(ts_count_substr(svg, "<polyline"), ts_count_substr(svg, "</polyline>") + 2,
                "winner lines are self-closed");
   free(svg);
@@ -312,6 +325,61 @@ Test(tune_engine, table_reads_back_and_merges) {
   moejit_tune_summary_free(&s);
 }
 
+/* A GEMV candidate that measures fastest at a decode bucket is the winner,
+ * its table entry names path gemv (with the tile its module is built
+ * with), and a model loading that table runs the GEMV kernel there, on any
+ * arch. */
+Test(tune_engine, gemv_winner_reaches_the_table_and_the_load) {
+  fake f = {.wrong_tile_m = 16, .gemv_us = 20};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.n_winners, 6);
+  for (size_t i = 0; i < s.n_winners; i++) {
+    const moejit_tune_winner *w = &s.winners[i];
+    if (w->tokens != 4) {
+      cr_assert_eq(w->path, MOEJIT_GEMM_PATH_WGMMA, "gemv is a candidate at T=4 only");
+      continue;
+    }
+    cr_assert_eq(w->path, MOEJIT_GEMM_PATH_GEMV, "%s", w->kernel);
+    cr_assert_float_eq(w->us, 20, 1e-9);
+    const moejit_spec *sh = &sweep->shapes[0].spec;
+    const moejit_gemm_cfg *own = w->kernel[4] == '1' ? &sh->gemm1 : &sh->gemm2;
+    cr_assert(!memcmp(&w->cfg, own, sizeof *own), "the shape's own tile: no extra module");
+  }
+  moejit_tune_summary_free(&s);
+  char *text = slurp(tmp, "tuned/Fake.yaml");
+  cr_assert_eq(ts_count_substr(text, "path: gemv"), 2, "%s", text);
+  free(text);
+  mj_tuned_table t;
+  cr_assert_eq(mj_tuned_table_load_file(table, &t), MOEJIT_OK, "%s", moejit_last_error());
+  const moejit_spec *spec = &sweep->shapes[0].spec;
+  const char *archs[] = {"sm_90a", "sm_80"};
+  for (int which = 1; which <= 2; which++) {
+    mj_tuned_match m;
+    const mj_tuned_entry *e = mj_tuned_lookup(&t, which == 1 ? "gemm1" : "gemm2", spec, 3, &m);
+    cr_assert(e && e->tokens == 4 && e->path == MOEJIT_GEMM_PATH_GEMV && m == MJ_TUNED_NEAREST);
+    for (size_t a = 0; a < MJ_ARRAY_LEN(archs); a++) {
+      mj_gemm_variants v;
+      moejit_load_kernel row;
+      memset(&row, 0, sizeof row);
+      mj_gemm_variants_collect(&t, NULL, spec, which, archs[a], &v, &row);
+      cr_assert_str_eq(row.config_source, "tuned");
+      /* gemv names no tile; on sm_80 the wgmma buckets are skipped, gemv stays */
+      cr_assert(strstr(row.config_detail, ": T=4 gemv, T=64 64x128x64 s4 w8 wgmma") ||
+                    strstr(row.config_detail, ": T=4 gemv; skipped T=64 (the wgmma kernel"),
+                "%s", row.config_detail);
+      mj_gemm_choice c;
+      cr_assert_eq(mj_gemm_choose(spec, &v, which, 4, archs[a], &c), MOEJIT_OK, "%s",
+                   moejit_last_error());
+      cr_assert_eq(c.match, MJ_TUNED_EXACT);
+      cr_assert_eq(c.path, MOEJIT_GEMM_PATH_GEMV);
+      cr_assert(c.plan.use_gemv, "%s: %s", archs[a], c.plan.entry);
+      cr_assert_str_eq(c.plan.entry, which == 1 ? "moejit_gemm1_swiglu_gemv" : "moejit_gemm2_gemv");
+    }
+  }
+  mj_tuned_table_free(&t);
+}
+
 Test(tune_engine, table_of_another_device_is_refused) {
   write_one_entry_table("Some Other GPU", "gemm1", 1);
   fake f = {0};
@@ -361,6 +429,42 @@ Test(tune_engine, resume_times_nothing_twice) {
   moejit_tune_summary_free(&other);
 }
 
+/* Results of a run from before AUTO took the GEMV kernel at decode
+ * (MOEJIT_GEMM_GEMV=0 stands in for it): a re-run times the new gemv
+ * candidates and, since the T=4 heuristic rows named another launch then,
+ * those heuristic rows again; everything else is resumed. */
+Test(tune_engine, resume_retimes_a_heuristic_whose_auto_changed) {
+  setenv("MOEJIT_GEMM_GEMV", "0", 1);
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary first, again;
+  cr_assert_eq(run(&f, 0, &first), MOEJIT_OK, "%s", moejit_last_error());
+  for (size_t i = 0; i < first.n_winners; i++)
+    cr_assert_neq(first.winners[i].path, MOEJIT_GEMM_PATH_GEMV);
+  unsetenv("MOEJIT_GEMM_GEMV");
+  fake f2 = {.wrong_tile_m = 16, .auto_us = 40};
+  cr_assert_eq(run(&f2, 0, &again), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(f2.measures, 2 * 2, "gemv and the heuristic at T=4, 2 kernels");
+  mj_tune_rows rows;
+  read_results(&rows);
+  size_t heur_t4 = 0;
+  for (size_t i = 0; i < rows.n; i++) {
+    const mj_tune_row *r = &rows.rows[i];
+    if (r->role != MJ_ROLE_HEURISTIC) continue;
+    cr_assert_float_eq(r->us, r->tokens == 4 ? 40 : 1000, 1e-9, "T=%lld", (long long)r->tokens);
+    heur_t4 += r->tokens == 4;
+  }
+  cr_assert_eq(heur_t4, 2, "one heuristic row per kernel at T=4, the old one superseded");
+  mj_tune_rows_free(&rows);
+  for (size_t i = 0; i < again.n_winners; i++) {
+    const moejit_tune_winner *w = &again.winners[i];
+    cr_assert_float_eq(w->heuristic_us, w->tokens == 4 ? 40 : 1000, 1e-9);
+    if (w->tokens == 4) /* AUTO's launch (gemv) was fastest: the winner is its twin */
+      cr_assert(w->path == MOEJIT_GEMM_PATH_GEMV && w->us == 40, "%s", w->kernel);
+  }
+  moejit_tune_summary_free(&first);
+  moejit_tune_summary_free(&again);
+}
+
 Test(tune_engine, budget_stops_timing_and_resume_finishes) {
   fake f = {.ms_per_measure = 1000};
   moejit_tune_summary s;
@@ -389,13 +493,14 @@ Test(tune_engine, compile_and_setup_failures_are_recorded) {
   moejit_tune_summary s;
   cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "failures are not fatal: %s", moejit_last_error());
   /* 128-row tiles: wgmma 128x128 (gemm2's is also the heuristic's tile)
-   * and gemm1's shape tile 128x256 */
+   * and gemm1's shape tile 128x256 (the gemv candidates' module too) */
   cr_assert_eq(s.compile_failed, 3);
   mj_tune_rows rows;
   read_results(&rows);
   size_t compile_failed = count_status(&rows, MJ_TS_COMPILE_FAILED),
          failed = count_status(&rows, MJ_TS_FAILED);
-  cr_assert_eq(compile_failed, 2 * 3 * 2, "wgmma 128x128 and the heuristic, 3 T, 2 kernels");
+  cr_assert_eq(compile_failed, 2 * 3 * 2 + 2,
+               "wgmma 128x128 and the heuristic, 3 T, 2 kernels; gemv at T=4, 2 kernels");
   cr_assert_gt(failed, 0);
   for (size_t i = 0; i < rows.n; i++) {
     if (rows.rows[i].status == MJ_TS_COMPILE_FAILED)
@@ -440,7 +545,7 @@ Test(tune_engine, dry_run_and_compile_only_write_nothing) {
   moejit_tune_summary s;
   cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &s), MOEJIT_OK);
   cr_assert_eq(f.compiles, 0);
-  cr_assert_eq(s.enumerated, 14);
+  cr_assert_eq(s.enumerated, 16);
   cr_assert_eq(s.points, 6 * 6, "per group the heuristic and 5 candidates");
   o.dry_run = 0;
   be.can_time = 0; /* compile only */

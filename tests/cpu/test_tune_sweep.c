@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "test_support.h"
 #include "ops/gemm.h"
 #include "tune/tune.h"
@@ -178,7 +179,7 @@ Test(tune_sweep, errors_name_line_col_and_key) {
              "64, stages: 2}\n",
              "spaces[0].tile_m", "not both");
   load_fails(HEAD "spaces:\n  - {paths: [auto], tile_m: 64, tile_n: 64, tile_k: 64, stages: 2}\n",
-             "spaces[0].paths", "allowed mma, wgmma");
+             "spaces[0].paths", "allowed mma, wgmma, gemv");
   load_fails(HEAD "spaces:\n  - {tokens: [2], tile_m: 64, tile_n: 64, tile_k: 64, stages: 2}\n",
              "spaces[0].tokens", "not in the sweep's tokens");
   load_fails(HEAD
@@ -340,14 +341,20 @@ Test(tune_sweep, heuristic_tiles_are_candidates) {
   moejit_sweep *sw = NULL;
   cr_assert_eq(moejit_sweep_load_file(SWEEPS "smoke.yaml", &sw), MOEJIT_OK);
   mj_tune_plan p;
-  /* sm_80: AUTO runs mma.sync, on the decode tile under 64 rows (T=4: 8
-   * rows; gemm1 64x256x64 s4, gemm2 64x128x64 s4), else the shape's tile */
+  /* sm_80: AUTO runs the GEMV kernel at T=4 (8 rows: at most
+   * MOEJIT_GEMV_MAX_ROWS), as on every arch; its candidate carries the
+   * shape's tile. Above, mma.sync on the shape's tile (128 rows and more:
+   * not the decode tile, which takes fewer than 64 rows), so no heuristic
+   * candidate is on the decode tile any more. */
   cr_assert_eq(mj_tune_plan_build(sw, "sm_80", &p), MOEJIT_OK);
+  const mj_tune_cand *g1 = find(&p, 1, MOEJIT_GEMM_PATH_GEMV, 128, 256, 64, 4, 0);
+  const mj_tune_cand *g2 = find(&p, 2, MOEJIT_GEMM_PATH_GEMV, 128, 128, 64, 4, 0);
   const mj_tune_cand *d1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 64, 256, 64, 4, 0);
   const mj_tune_cand *d2 = find(&p, 2, MOEJIT_GEMM_PATH_MMA, 64, 128, 64, 4, 0);
   const mj_tune_cand *s1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 128, 256, 64, 4, 0);
-  cr_assert(d1 && d1->heuristic && d1->tmask == 1u);
-  cr_assert(d2 && d2->heuristic && d2->tmask == 1u);
+  cr_assert(g1 && g1->heuristic && g1->tmask == 1u, "gemm1 T=4 on gemv");
+  cr_assert(g2 && g2->heuristic && g2->tmask == 1u, "gemm2 T=4 on gemv");
+  cr_assert(!d1 && !d2, "the mma decode tile is no heuristic here");
   cr_assert(s1 && s1->heuristic && s1->tmask == 6u, "T=64 and T=512 on the shape's own tile");
   mj_tune_plan_free(&p);
   /* sm_90a: whatever AUTO's plan is at each T, a heuristic candidate has
@@ -363,14 +370,19 @@ Test(tune_sweep, heuristic_tiles_are_candidates) {
       int found = 0;
       for (size_t i = 0; i < p.n; i++) {
         const mj_tune_cand *c = &p.cands[i];
+        const moejit_gemm_cfg *own = which == 1 ? &sh->spec.gemm1 : &sh->spec.gemm2;
         found |= !c->pruned && c->heuristic && c->which == which && (c->tmask & (1u << t)) &&
-                 (auto_plan.use_wgmma ? c->path == MOEJIT_GEMM_PATH_WGMMA
-                                      : c->path == MOEJIT_GEMM_PATH_MMA) &&
-                 (c->cfg.tile_m < 64 ? 64 : c->cfg.tile_m) == auto_plan.tile_m &&
-                 c->cfg.tile_n == auto_plan.tile_n;
+                 (auto_plan.use_gemv    ? c->path == MOEJIT_GEMM_PATH_GEMV
+                  : auto_plan.use_wgmma ? c->path == MOEJIT_GEMM_PATH_WGMMA
+                                        : c->path == MOEJIT_GEMM_PATH_MMA) &&
+                 (auto_plan.use_gemv /* gemv ignores the tile: the shape's own */
+                      ? !memcmp(&c->cfg, own, sizeof *own)
+                      : (c->cfg.tile_m < 64 ? 64 : c->cfg.tile_m) == auto_plan.tile_m &&
+                            c->cfg.tile_n == auto_plan.tile_n);
       }
       cr_assert(found, "gemm%d T=%lld: no candidate for AUTO's %dx%d %s", which,
                 (long long)sh->tokens[t], auto_plan.tile_m, auto_plan.tile_n, auto_plan.entry);
+      cr_assert_eq(auto_plan.use_gemv, sh->tokens[t] * sh->spec.top_k <= MOEJIT_GEMV_MAX_ROWS);
     }
   cr_assert_eq(p.pruned, 4, "the 4-warp wgmma tiles duplicate the 8-warp ones");
   for (size_t i = 0; i < p.n; i++)
@@ -426,4 +438,108 @@ Test(tune_sweep, schedule_parameter) {
       "name: s\ntokens: [1]\nshapes: [olmoe-1b-7b]\n"
       "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2, schedule: [fast]}\n",
       "spaces[0].schedule", "allowed cooperative, pingpong");
+}
+
+static size_t count_cands(const mj_tune_plan *p, int which, moejit_gemm_path path, int pruned) {
+  size_t n = 0;
+  for (size_t i = 0; i < p->n; i++)
+    n += p->cands[i].which == which && p->cands[i].path == path && p->cands[i].pruned == pruned;
+  return n;
+}
+
+/* paths: [gemv]: every tile of the space is one launch (the GEMV kernel
+ * ignores it), so one gemv candidate per shape and kernel survives, timed
+ * at every T it was asked for; at T = 1 (8 rows of qwen3's top-8) AUTO
+ * itself runs gemv, so the kept one is the heuristic's, on the preset's
+ * own tile. No divisibility rule on the tile's columns or tile_k: f = 96
+ * with tile_n 256 or tile_k 64 would prune mma tiles, not gemv. */
+Test(tune_sweep, gemv_space_keeps_one_candidate_per_shape_and_kernel) {
+  moejit_sweep *sw = load(
+      "name: g\ntokens: [1, 64]\n"
+      "shapes:\n  - qwen3-30b-a3b\n"
+      "  - {name: odd, hidden: 96, expert_width: 96, experts: 4, top_k: 2}\n"
+      "spaces:\n"
+      "  - {paths: [gemv], tile_m: [16, 128], tile_n: [64, 256], tile_k: [32, 64],"
+      " stages: [2, 4], warps: [8, 12], raster: [along_m, along_n]}\n");
+  cr_assert_eq(sw->spaces[0].paths, MJ_PATH_BIT(MOEJIT_GEMM_PATH_GEMV));
+  cr_assert_eq(sw->paths, MJ_PATH_BIT(MOEJIT_GEMM_PATH_MMA) | MJ_PATH_BIT(MOEJIT_GEMM_PATH_WGMMA),
+               "gemv is never a default path");
+  const char *archs[] = {"sm_90a", "sm_80"};
+  for (size_t a = 0; a < MJ_ARRAY_LEN(archs); a++) {
+    mj_tune_plan p;
+    cr_assert_eq(mj_tune_plan_build(sw, archs[a], &p), MOEJIT_OK);
+    cr_assert_eq(reason_count(&p, "divisibility"), 0, "%s", archs[a]);
+    cr_assert_eq(reason_count(&p, "gemv kernel"), 0, "%s", archs[a]);
+    for (int shape = 0; shape < 2; shape++)
+      for (int which = 1; which <= 2; which++) {
+        const mj_sweep_shape *sh = &sw->shapes[shape];
+        const mj_tune_cand *kept = NULL;
+        size_t n_kept = 0;
+        for (size_t i = 0; i < p.n; i++) {
+          const mj_tune_cand *c = &p.cands[i];
+          if (c->shape != shape || c->which != which || c->path != MOEJIT_GEMM_PATH_GEMV) continue;
+          if (!c->pruned)
+            kept = c, n_kept++;
+          else
+            cr_assert(strstr(c->reason, "same launch plan as") && strstr(c->reason, " gemv"),
+                      "%s: %s", archs[a], c->reason);
+        }
+        cr_assert_eq(n_kept, 1, "%s %s gemm%d", archs[a], sh->name, which);
+        cr_assert_eq(kept->tmask, 3u, "timed at T=1 and T=64 (bits 0, 1)");
+        const moejit_gemm_cfg *own = which == 1 ? &sh->spec.gemm1 : &sh->spec.gemm2;
+        /* qwen3: T=1 is 8 rows (AUTO's gemv); odd: 2 rows */
+        cr_assert(kept->heuristic && !memcmp(&kept->cfg, own, sizeof *own),
+                  "%s %s gemm%d: the heuristic's gemv candidate, on the shape's tile", archs[a],
+                  sh->name, which);
+        /* the heuristic candidate at T=1 is gemv; none at T=64 is */
+        for (size_t i = 0; i < p.n; i++) {
+          const mj_tune_cand *c = &p.cands[i];
+          if (c->shape != shape || c->which != which || !c->heuristic) continue;
+          if (c->tmask & 1u) cr_assert_eq(c->path, MOEJIT_GEMM_PATH_GEMV);
+          if (c->path != MOEJIT_GEMM_PATH_GEMV) cr_assert_eq(c->tmask & 1u, 0u);
+        }
+      }
+    /* every enumerated gemv config is a duplicate of the heuristic's: per
+     * kernel 2 shapes x 2^6 tiles (12 warps too: no mma rule for gemv) */
+    cr_assert_eq(p.pruned, 2 * 2 * 64, "%s", archs[a]);
+    cr_assert_eq(reason_count(&p, "duplicate launch plan"), p.pruned);
+    for (int which = 1; which <= 2; which++) {
+      cr_assert_eq(count_cands(&p, which, MOEJIT_GEMM_PATH_GEMV, 0), 2);
+      cr_assert_eq(count_cands(&p, which, MOEJIT_GEMM_PATH_GEMV, 1), 2 * 64, "%s", archs[a]);
+    }
+    mj_tune_plan_free(&p);
+  }
+  moejit_sweep_destroy(sw);
+}
+
+/* The gemv blocker prunes like the others, under "gemv kernel: ..." (no
+ * sweep shape can trigger it: shapes are bf16/fp16 with d, f multiples of
+ * 8), and the heuristic tile maps AUTO's GEMV plan to path gemv on the
+ * spec's own tile at up to MOEJIT_GEMV_MAX_ROWS rows only. */
+Test(tune_sweep, heuristic_tile_is_gemv_up_to_its_row_limit) {
+  moejit_spec s;
+  cr_assert_eq(moejit_spec_load_preset("mixtral-8x7b", &s), MOEJIT_OK);
+  const char *archs[] = {"sm_90a", "sm_80", "sm_86"};
+  for (size_t a = 0; a < MJ_ARRAY_LEN(archs); a++)
+    for (int which = 1; which <= 2; which++)
+      for (int64_t rows = 1; rows <= 2 * MOEJIT_GEMV_MAX_ROWS; rows++) {
+        moejit_gemm_cfg cfg;
+        moejit_gemm_path path;
+        cr_assert(mj_tune_heuristic_tile(&s, which, rows, archs[a], &cfg, &path));
+        if (rows <= MOEJIT_GEMV_MAX_ROWS) {
+          cr_assert_eq(path, MOEJIT_GEMM_PATH_GEMV, "%s gemm%d rows %lld", archs[a], which,
+                       (long long)rows);
+          const moejit_gemm_cfg *own = which == 1 ? &s.gemm1 : &s.gemm2;
+          cr_assert(!memcmp(&cfg, own, sizeof cfg));
+        } else {
+          cr_assert_neq(path, MOEJIT_GEMM_PATH_GEMV);
+        }
+      }
+  moejit_spec f = s;
+  f.act_dtype = f.weight_dtype = f.out_dtype = MOEJIT_DTYPE_FP32;
+  cr_assert_not_null(mj_gemm_gemv_blocker(&f, 1));
+  moejit_gemm_cfg cfg;
+  moejit_gemm_path path = MOEJIT_GEMM_PATH_GEMV;
+  if (mj_tune_heuristic_tile(&f, 1, 1, "sm_90a", &cfg, &path))
+    cr_assert_neq(path, MOEJIT_GEMM_PATH_GEMV, "fp32: AUTO cannot take gemv");
 }
