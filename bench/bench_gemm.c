@@ -37,7 +37,7 @@ typedef struct peer_times {
 typedef struct point {
   char preset[64]; /* a copy: callers pass names that live on their stack */
   const char *gemm;
-  const char *path; /* "auto", "mma" or "wgmma" */
+  const char *path; /* "auto", "mma", "wgmma", "gemv" or "tuned" */
   int64_t tokens, rows;
   double us, floor_us, tflops, tbs;
   double floor_tflops; /* the rate the floor used: dense cuBLAS's, or PEAK_FLOPS */
@@ -563,8 +563,8 @@ static void print_table(void) {
   print_footer(fallbacks, met);
 }
 
-/* --path: "auto", "mma", "wgmma", "tuned", "both" (mma then wgmma) or
- * "compare" (auto then tuned). */
+/* --path: "auto", "mma", "wgmma", "gemv", "tuned", "both" (mma then wgmma)
+ * or "compare" (auto then tuned). */
 static int parse_paths(const char *v) {
   if (!strcmp(v, "both")) {
     g_paths[0] = MOEJIT_GEMM_PATH_MMA, g_paths[1] = MOEJIT_GEMM_PATH_WGMMA, g_n_paths = 2;
@@ -578,6 +578,7 @@ static int parse_paths(const char *v) {
   if (!strcmp(v, "auto")) g_paths[0] = MOEJIT_GEMM_PATH_AUTO;
   else if (!strcmp(v, "mma")) g_paths[0] = MOEJIT_GEMM_PATH_MMA;
   else if (!strcmp(v, "wgmma")) g_paths[0] = MOEJIT_GEMM_PATH_WGMMA;
+  else if (!strcmp(v, "gemv")) g_paths[0] = MOEJIT_GEMM_PATH_GEMV;
   else if (!strcmp(v, "tuned")) g_paths[0] = BENCH_PATH_TUNED;
   else return 0;
   return 1;
@@ -699,16 +700,18 @@ static int smoke_test(void) {
   moejit_device_info info;
   moejit_ctx *ctx = open_ctx(&info);
   int bad = 0;
-  const moejit_gemm_path paths[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA};
+  /* gemv at 64 rows of one expert: eight passes over the weights */
+  const moejit_gemm_path paths[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
+                                    MOEJIT_GEMM_PATH_GEMV};
   for (int which = 2; which >= 1; which--)
-    for (int p = 0; p < 2; p++) bad |= smoke_one(ctx, which, paths[p]);
+    for (int p = 0; p < 3; p++) bad |= smoke_one(ctx, which, paths[p]);
   moejit_ctx_destroy(ctx);
   return bad;
 }
 
 static void usage(void) {
   printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
-         "                         [--path auto|mma|wgmma|tuned|both|compare] [--csv FILE] [--smoke]\n"
+         "                         [--path auto|mma|wgmma|gemv|tuned|both|compare] [--csv FILE] [--smoke]\n"
          "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] [--gemm2 ...]\n"
          "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
          "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
@@ -719,6 +722,7 @@ static void usage(void) {
          "bytes = active experts' weights + A + C. Prints one table with the targets each row\n"
          "meets or misses (docs/gemm.md); --csv FILE writes the same rows.\n"
          "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a);\n"
+         "gemv runs the weight-streaming decode kernel at any T (AUTO takes it at T*k <= 8);\n"
          "tuned runs what this GPU's tuned table names for the point (what a loaded model\n"
          "runs; auto where it names nothing); compare prints an auto and a tuned row.\n"
          "--smoke runs one 64x64x64 tile of each GEMM on each path against a CPU\n"
