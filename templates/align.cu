@@ -21,7 +21,6 @@
 // The dropped entries go to an extra bin (kExperts) placed after every
 // expert, so the permutation covers all T*k rows: rows >= offsets[kExperts]
 // belong to dropped entries and get sorted_slot = -1.
-#include "common/pdl.cuh"
 #include "common/dtype.cuh"
 #include "common/rows.cuh"
 #include "common/warp.cuh"
@@ -105,7 +104,6 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     moejit_align_count(const int *__restrict__ topk_ids, int entries, int expert_first,
                        int expert_last, int *__restrict__ chunk_counts,
                        int *__restrict__ chunk_rank) {
-  mj_pdl_enter();
   extern __shared__ int warp_hist[];
   count_chunk(topk_ids, entries, (int)blockIdx.x, expert_first, expert_last, warp_hist,
               chunk_counts + (size_t)blockIdx.x * kBins, chunk_rank);
@@ -250,7 +248,6 @@ extern "C" __global__ void __launch_bounds__(1024)
                       int *__restrict__ expert_counts, int *__restrict__ expert_offsets,
                       int *__restrict__ tile_expert, int *__restrict__ tile_row_start,
                       int *__restrict__ num_tiles) {
-  mj_pdl_enter();
   constexpr int kPartCells = 1024 > kBins ? 1024 : kBins;
   __shared__ int part_base[kPartCells];
   __shared__ int offsets[kBins + 1];
@@ -275,7 +272,6 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
                             int *__restrict__ chunk_rank, int *__restrict__ expert_counts,
                             int *__restrict__ expert_offsets, int *__restrict__ tile_expert,
                             int *__restrict__ tile_row_start, int *__restrict__ num_tiles) {
-  mj_pdl_enter();
   extern __shared__ int warp_hist[];
   __shared__ int offsets[kBins + 1];
   __shared__ int tile_base[kExperts + 1];
@@ -335,7 +331,6 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
                          const int *__restrict__ chunk_rank, const int *__restrict__ expert_offsets,
                          int *__restrict__ sorted_slot, int *__restrict__ row_of,
                          const act_t *__restrict__ x, act_t *__restrict__ xs) {
-  mj_pdl_enter();
   constexpr int kTileTokens = row_tiling::kTokens;
   __shared__ int rows[kTileTokens * kTopK];
   for (long long tile = blockIdx.x; tile * kTileTokens < tokens; tile += gridDim.x) {

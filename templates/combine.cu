@@ -8,7 +8,6 @@
 // first add (k loads in flight per thread hide DRAM latency); rows and
 // weights of a tile of tokens sit in shared memory, read by broadcast. Every
 // byte of y is read once, every byte of out written once.
-#include "common/pdl.cuh"
 #include "common/dtype.cuh"
 #include "common/rows.cuh"
 
@@ -54,7 +53,6 @@ __device__ __forceinline__ void combine_vector(const act_t *__restrict__ y, cons
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     moejit_combine_rows(const act_t *__restrict__ y, const int *__restrict__ row_of,
                         const float *__restrict__ weights, int tokens, out_t *__restrict__ out) {
-  mj_pdl_enter();
   __shared__ int rows[kTileTokens * kTopK];
   __shared__ float w[kTileTokens * kTopK];
   for (long long tile = blockIdx.x; tile * kTileTokens < tokens; tile += gridDim.x) {

@@ -16,7 +16,6 @@
 // is a 64 x 128-B-row tile for decode) take (TMA map of A, TMA map of W1, h,
 // offsets, max_rows); their B tile is the gate box then the up box of the
 // same h columns, so acc columns j and j + kTN/2 pair up in one thread.
-#include "common/pdl.cuh"
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"
@@ -95,14 +94,12 @@ __device__ __forceinline__ void mj_gemm1_mma(const AT *__restrict__ a, const WT 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
 moejit_gemm1_swiglu_mma(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
                         const int *__restrict__ offsets, int max_rows) {
-  mj_pdl_enter();
   mj_gemm1_mma(a, w, h, offsets, max_rows);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
 moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
                          const int *__restrict__ offsets, int max_rows) {
-  mj_pdl_enter();
   mj_gemm_simt_for_each<kExperts, kExpertWidth>(offsets, max_rows, [&](int row, int e, int col) {
     const act_t *x = a + (long long)row * kHidden;
     const weight_t *gate_w = w + ((long long)e * 2 * kExpertWidth + col) * kHidden;
@@ -157,7 +154,6 @@ __device__ __forceinline__ void mj_gemm1_gemv(const AT *__restrict__ a, const WT
 extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_gemm1_swiglu_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
                          const int *__restrict__ offsets, int max_rows) {
-  mj_pdl_enter();
   mj_gemm1_gemv(a, w, h, offsets, max_rows);
 }
 
@@ -212,13 +208,11 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
 extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
 moejit_gemm1_swiglu_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                           act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
-  mj_pdl_enter();
   mj_gemm1_wgmma<Gemm1Wg, kWgCluster>(&tmap_a, &tmap_w, h, offsets, max_rows);
 }
 
 extern "C" __global__ void __launch_bounds__(Gemm1WgNarrow::kThreads, 1)
 moejit_gemm1_swiglu_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                                  act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
-  mj_pdl_enter();
   mj_gemm1_wgmma<Gemm1WgNarrow, 1>(&tmap_a, &tmap_w, h, offsets, max_rows);
 }

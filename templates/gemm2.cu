@@ -10,7 +10,6 @@
 // moejit_gemm2_wgmma and _wgmma_narrow (sm_90a only; the narrow one is a
 // 64 x 128 tile for decode) take (TMA map of h, TMA map of W2, y, offsets,
 // scale, max_rows).
-#include "common/pdl.cuh"
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"
@@ -81,14 +80,12 @@ __device__ __forceinline__ void mj_gemm2_mma(const AT *__restrict__ a, const WT 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
 moejit_gemm2_mma(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
                  const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
-  mj_pdl_enter();
   mj_gemm2_mma(a, w, y, offsets, scale, max_rows);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
 moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
                   const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
-  mj_pdl_enter();
   mj_gemm_simt_for_each<kExperts, kHidden>(offsets, max_rows, [&](int row, int e, int col) {
     const weight_t *w_row = w + ((long long)e * kHidden + col) * kExpertWidth;
     const float v = mj_gemm_dot<kExpertWidth>(a + (long long)row * kExpertWidth, w_row);
@@ -140,7 +137,6 @@ __device__ __forceinline__ void mj_gemm2_gemv(const AT *__restrict__ a, const WT
 extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_gemm2_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
                   const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
-  mj_pdl_enter();
   mj_gemm2_gemv(a, w, y, offsets, scale, max_rows);
 }
 
@@ -194,7 +190,6 @@ extern "C" __global__ void __launch_bounds__(Gemm2Wg::kThreads, 1) __mj_wg_clust
 moejit_gemm2_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                    act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
                    int max_rows) {
-  mj_pdl_enter();
   mj_gemm2_wgmma<Gemm2Wg, kWgCluster>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }
 
@@ -202,6 +197,5 @@ extern "C" __global__ void __launch_bounds__(Gemm2WgNarrow::kThreads, 1)
 moejit_gemm2_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                           act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
                           int max_rows) {
-  mj_pdl_enter();
   mj_gemm2_wgmma<Gemm2WgNarrow, 1>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }

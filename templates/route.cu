@@ -10,7 +10,6 @@
 // rescans its own registers only when it wins a second time in a row. Nothing
 // touches shared memory; logits are read once; outputs are written by lanes
 // 0..k-1 in one coalesced store each.
-#include "common/pdl.cuh"
 #include "common/dtype.cuh"
 #include "common/warp.cuh"
 
@@ -248,7 +247,6 @@ __device__ __forceinline__ void route_sigmoid(const logits_t *__restrict__ row,
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     moejit_route_topk(const logits_t *__restrict__ logits, const float *__restrict__ bias,
                       int tokens, int *__restrict__ topk_ids, float *__restrict__ topk_weights) {
-  mj_pdl_enter();
   const long long token = (long long)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (token >= tokens) return;  // the whole warp leaves together
   const int lane = mj_lane_id();

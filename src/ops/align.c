@@ -111,7 +111,7 @@ static moejit_status launch_count(const moejit_model *m, align_launch *l, moejit
   void *params[] = {&l->ids, &l->entries, &l->first, &l->last, &l->chunk_counts, &l->chunk_rank};
   const unsigned grid[3] = {(unsigned)l->chunks, 1, 1};
   const unsigned block[3] = {(unsigned)m->spec.align.block_threads, 1, 1};
-  return mj_ctx_launch_dependent(m->ctx, m->align_count, grid, block, mj_align_count_smem(&m->spec), stream,
+  return mj_ctx_launch(m->ctx, m->align_count, grid, block, mj_align_count_smem(&m->spec), stream,
                        params);
 }
 
@@ -126,7 +126,7 @@ static moejit_status launch_count_scan(const moejit_model *m, align_launch *l,
                     &offsets,          &tile_expert,     &tile_row,      &n_tiles};
   const unsigned grid[3] = {1, 1, 1};
   const unsigned block[3] = {(unsigned)m->spec.align.block_threads, 1, 1};
-  return mj_ctx_launch_dependent(m->ctx, m->align_count_scan, grid, block, mj_align_count_smem(&m->spec),
+  return mj_ctx_launch(m->ctx, m->align_count_scan, grid, block, mj_align_count_smem(&m->spec),
                        stream, params);
 }
 
@@ -137,7 +137,7 @@ static moejit_status launch_scan(const moejit_model *m, align_launch *l, const m
   void *params[] = {&l->chunks, &l->tile_capacity, &l->chunk_counts, &counts,
                     &offsets,   &tile_expert,      &tile_row,        &n_tiles};
   const unsigned grid[3] = {1, 1, 1}, block[3] = {MJ_ALIGN_SCAN_THREADS, 1, 1};
-  return mj_ctx_launch_dependent(m->ctx, m->align_scan, grid, block, 0, stream, params);
+  return mj_ctx_launch(m->ctx, m->align_scan, grid, block, 0, stream, params);
 }
 
 static moejit_status launch_scatter(const moejit_model *m, align_launch *l,
@@ -154,7 +154,7 @@ static moejit_status launch_scatter(const moejit_model *m, align_launch *l,
   const int64_t tiles = (l->tokens + tile_tokens - 1) / tile_tokens;
   const unsigned grid[3] = {mj_tile_grid(m, tiles), 1, 1};
   const unsigned block[3] = {(unsigned)m->spec.align.block_threads, 1, 1};
-  return mj_ctx_launch_dependent(m->ctx, m->align_scatter, grid, block, 0, stream, params);
+  return mj_ctx_launch(m->ctx, m->align_scatter, grid, block, 0, stream, params);
 }
 
 /* Two launches instead of three when one count block holds every entry

@@ -30,5 +30,5 @@ moejit_status moejit_combine(const moejit_model *model, const moejit_combine_arg
   const unsigned grid[3] = {mj_tile_grid(model, (args->tokens + tile_tokens - 1) / tile_tokens), 1,
                             1};
   const unsigned block[3] = {(unsigned)s->combine.block_threads, 1, 1};
-  return mj_ctx_launch_dependent(model->ctx, model->combine, grid, block, 0, stream, params);
+  return mj_ctx_launch(model->ctx, model->combine, grid, block, 0, stream, params);
 }

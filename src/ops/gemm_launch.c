@@ -102,7 +102,7 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
     if (fit >= 2 && fit < sms) sms = fit;
   }
   const unsigned grid[3] = {want < sms ? want : sms, 1, 1};
-  return mj_kernel_launch_dependent(ctx, kernel, grid, block, plan->smem_bytes, stream,
+  return moejit_kernel_launch(ctx, kernel, grid, block, plan->smem_bytes, stream,
                        which == 1 ? params1 : params2);
 }
 
@@ -142,7 +142,7 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
     if (blocks > cap) blocks = cap;
   }
   const unsigned grid[3] = {blocks, 1, 1}, block[3] = {plan.threads, 1, 1};
-  st = mj_kernel_launch_dependent(ctx, kernel, grid, block, plan.smem_bytes, stream,
+  st = moejit_kernel_launch(ctx, kernel, grid, block, plan.smem_bytes, stream,
                      which == 1 ? params1 : params2);
   return st ? mj_ctx_fail(ctx, st) : MOEJIT_OK;
 }

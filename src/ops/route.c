@@ -28,5 +28,5 @@ moejit_status moejit_route(const moejit_model *model, const moejit_route_args *a
   void *params[] = {&logits, &bias, &tokens, &ids, &weights};
   const unsigned grid[3] = {(unsigned)((args->tokens + warps - 1) / warps), 1, 1};
   const unsigned block[3] = {(unsigned)model->spec.route.block_threads, 1, 1};
-  return mj_ctx_launch_dependent(model->ctx, model->route_topk, grid, block, 0, stream, params);
+  return mj_ctx_launch(model->ctx, model->route_topk, grid, block, 0, stream, params);
 }

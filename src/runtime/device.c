@@ -85,7 +85,6 @@ moejit_status mj_device_read(const mj_driver *d, CUdevice dev, int ordinal,
     limits->max_block[i] = (unsigned)dims[3 + i];
   }
   limits->cluster_launch = cluster && d->LaunchKernelEx;
-  limits->dependent_launch = info->cc_major >= 9 && d->LaunchKernelEx;
   return MOEJIT_OK;
 }
 

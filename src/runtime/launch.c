@@ -1,7 +1,6 @@
 /* Kernel launch: shape, shared-memory and argument checks against the
  * device and the kernel before anything is enqueued; the dynamic shared-
  * memory opt-in above 48 KiB; plain and cluster launches. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -132,45 +131,27 @@ static moejit_status check_cluster(const moejit_ctx *ctx, const char *call, cons
   return MOEJIT_OK;
 }
 
-/* 1 when launches marked dependent go out with programmatic stream
- * serialization (the device has it and MOEJIT_PDL is not "0"). */
-static int dependent_launch_on(const moejit_ctx *ctx) {
-  const char *env = getenv("MOEJIT_PDL");
-  return ctx->limits.dependent_launch && !(env && strcmp(env, "0") == 0);
-}
-
-/* cuLaunchKernel, or cuLaunchKernelEx when the launch carries attributes:
- * a cluster shape, programmatic dependent launch (`dependent`). */
 static moejit_status enqueue(moejit_ctx *ctx, const launch_target *t, const unsigned grid[3],
-                             const unsigned block[3], const unsigned cluster[3], int dependent,
-                             unsigned smem, moejit_stream stream, void **args) {
-  CUlaunchAttribute attrs[2];
-  unsigned n = 0;
-  memset(attrs, 0, sizeof attrs);
-  if (cluster) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[n].value.clusterDim.x = cluster[0];
-    attrs[n].value.clusterDim.y = cluster[1];
-    attrs[n].value.clusterDim.z = cluster[2];
-    n++;
-  }
-  if (dependent && dependent_launch_on(ctx)) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attrs[n].value.programmaticStreamSerializationAllowed = 1;
-    n++;
-  }
-  if (n == 0)
+                             const unsigned block[3], const unsigned cluster[3], unsigned smem,
+                             moejit_stream stream, void **args) {
+  if (!cluster)
     return mj_cu_check(ctx->d->LaunchKernel(t->fn, grid[0], grid[1], grid[2], block[0], block[1],
                                             block[2], smem, (CUstream)stream, args, NULL),
                        "cuLaunchKernel");
+  CUlaunchAttribute attr;
+  memset(&attr, 0, sizeof attr);
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = cluster[0];
+  attr.value.clusterDim.y = cluster[1];
+  attr.value.clusterDim.z = cluster[2];
   CUlaunchConfig cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
   cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
   cfg.sharedMemBytes = smem;
   cfg.hStream = (CUstream)stream;
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
   return mj_cu_check(ctx->d->LaunchKernelEx(&cfg, t->fn, args, NULL), "cuLaunchKernelEx");
 }
 
@@ -180,8 +161,8 @@ static int is_unit_cluster(const unsigned cluster[3]) {
 
 static moejit_status launch(moejit_ctx *ctx, const char *call, const launch_target *t,
                             const unsigned grid[3], const unsigned block[3],
-                            const unsigned cluster[3], int dependent, unsigned smem,
-                            moejit_stream stream, void **args) {
+                            const unsigned cluster[3], unsigned smem, moejit_stream stream,
+                            void **args) {
   moejit_status st = check_launch(ctx, call, t, grid, block, smem, args);
   if (is_unit_cluster(cluster)) cluster = NULL;
   if (st == MOEJIT_OK && cluster) st = check_cluster(ctx, call, grid, cluster);
@@ -189,7 +170,7 @@ static moejit_status launch(moejit_ctx *ctx, const char *call, const launch_targ
   st = mj_ctx_enter(ctx);
   if (st != MOEJIT_OK) return st;
   st = raise_smem_limit(ctx, t, smem);
-  if (st == MOEJIT_OK) st = enqueue(ctx, t, grid, block, cluster, dependent, smem, stream, args);
+  if (st == MOEJIT_OK) st = enqueue(ctx, t, grid, block, cluster, smem, stream, args);
   mj_ctx_leave(ctx);
   return mj_ctx_fail(ctx, st);
 }
@@ -200,31 +181,18 @@ moejit_status mj_ctx_launch(moejit_ctx *ctx, CUfunction fn, const unsigned grid[
   return mj_ctx_launch_cluster(ctx, fn, grid, block, NULL, smem_bytes, stream, args);
 }
 
-static moejit_status launch_fn(moejit_ctx *ctx, const char *call, CUfunction fn,
-                               const unsigned grid[3], const unsigned block[3],
-                               const unsigned cluster[3], int dependent, unsigned smem_bytes,
-                               moejit_stream stream, void **args) {
-  MJ_CHECK_CTX(ctx, call);
-  /* Functions from this ctx's module cache get the full per-kernel checks. */
-  mj_function *f = fn ? mj_ctx_function_info(ctx, fn) : NULL;
-  launch_target t = {fn, f, f ? &f->dynamic_smem_limit : NULL};
-  return launch(ctx, call, &t, grid, block, cluster, dependent, smem_bytes, stream, args);
-}
-
 moejit_status mj_ctx_launch_cluster(moejit_ctx *ctx, CUfunction fn, const unsigned grid[3],
                                     const unsigned block[3], const unsigned cluster[3],
                                     unsigned smem_bytes, moejit_stream stream, void **args) {
-  return launch_fn(ctx, "mj_ctx_launch", fn, grid, block, cluster, 0, smem_bytes, stream, args);
+  MJ_CHECK_CTX(ctx, "mj_ctx_launch");
+  /* Functions from this ctx's module cache get the full per-kernel checks. */
+  mj_function *f = fn ? mj_ctx_function_info(ctx, fn) : NULL;
+  launch_target t = {fn, f, f ? &f->dynamic_smem_limit : NULL};
+  return launch(ctx, "mj_ctx_launch", &t, grid, block, cluster, smem_bytes, stream, args);
 }
 
-moejit_status mj_ctx_launch_dependent(moejit_ctx *ctx, CUfunction fn, const unsigned grid[3],
-                                      const unsigned block[3], unsigned smem_bytes,
-                                      moejit_stream stream, void **args) {
-  return launch_fn(ctx, "mj_ctx_launch", fn, grid, block, NULL, 1, smem_bytes, stream, args);
-}
-
-static moejit_status kernel_launch(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned grid[3],
-                                   const unsigned block[3], int dependent, unsigned smem_bytes,
+moejit_status moejit_kernel_launch(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned grid[3],
+                                   const unsigned block[3], unsigned smem_bytes,
                                    moejit_stream stream, void **args) {
   MJ_CHECK_CTX(ctx, "moejit_kernel_launch");
   if (!kernel)
@@ -234,20 +202,7 @@ static moejit_status kernel_launch(moejit_ctx *ctx, moejit_kernel *kernel, const
     return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                                     "moejit_kernel_launch: the kernel belongs to another ctx"));
   launch_target t = {kernel->function->fn, kernel->function, &kernel->function->dynamic_smem_limit};
-  return launch(ctx, "moejit_kernel_launch", &t, grid, block, NULL, dependent, smem_bytes, stream,
-                args);
-}
-
-moejit_status moejit_kernel_launch(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned grid[3],
-                                   const unsigned block[3], unsigned smem_bytes,
-                                   moejit_stream stream, void **args) {
-  return kernel_launch(ctx, kernel, grid, block, 0, smem_bytes, stream, args);
-}
-
-moejit_status mj_kernel_launch_dependent(moejit_ctx *ctx, moejit_kernel *kernel,
-                                         const unsigned grid[3], const unsigned block[3],
-                                         unsigned smem_bytes, moejit_stream stream, void **args) {
-  return kernel_launch(ctx, kernel, grid, block, 1, smem_bytes, stream, args);
+  return launch(ctx, "moejit_kernel_launch", &t, grid, block, NULL, smem_bytes, stream, args);
 }
 
 int mj_kernel_active_clusters(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned block[3],

@@ -21,7 +21,6 @@ typedef struct mj_device_limits {
   unsigned max_grid[3];     /* grid dimension limits */
   unsigned max_block[3];    /* block dimension limits */
   int cluster_launch;       /* 1: thread-block clusters supported */
-  int dependent_launch;     /* 1: programmatic dependent launch (cc 9.0+, cuLaunchKernelEx) */
 } mj_device_limits;
 moejit_status mj_ctx_limits(moejit_ctx *ctx, mj_device_limits *out);
 
@@ -60,21 +59,6 @@ moejit_status mj_ctx_launch(moejit_ctx *ctx, CUfunction fn, const unsigned grid[
 moejit_status mj_ctx_launch_cluster(moejit_ctx *ctx, CUfunction fn, const unsigned grid[3],
                                     const unsigned block[3], const unsigned cluster[3],
                                     unsigned smem_bytes, moejit_stream stream, void **args);
-
-/* mj_ctx_launch and moejit_kernel_launch for the library's own kernels,
- * which call mj_pdl_enter() (templates/common/pdl.cuh) before touching
- * memory: on a device with programmatic dependent launch they go out with
- * stream serialization relaxed, so each kernel of a forward is scheduled
- * while the one before drains and waits on the device, not behind a full
- * launch round trip. Plain launches elsewhere, or with MOEJIT_PDL=0 in the
- * environment. Never use them for a kernel that does not call
- * mj_pdl_enter() first: it could read its inputs before they are written. */
-moejit_status mj_ctx_launch_dependent(moejit_ctx *ctx, CUfunction fn, const unsigned grid[3],
-                                      const unsigned block[3], unsigned smem_bytes,
-                                      moejit_stream stream, void **args);
-moejit_status mj_kernel_launch_dependent(moejit_ctx *ctx, moejit_kernel *kernel,
-                                         const unsigned grid[3], const unsigned block[3],
-                                         unsigned smem_bytes, moejit_stream stream, void **args);
 
 /* 1 when `stream` is being captured into a CUDA graph (0 when the driver
  * cannot say). */
