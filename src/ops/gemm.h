@@ -44,6 +44,11 @@ const char *mj_gemm_mma_blocker(const moejit_spec *spec, int which);
 /* Why the GEMV (decode) kernel cannot run `which` of spec, or NULL. */
 const char *mj_gemm_gemv_blocker(const moejit_spec *spec, int which);
 
+/* Why the kernel of an explicit `path` (MMA, WGMMA or GEMV) cannot run
+ * `which` of spec, or NULL; AUTO and SIMT, which name no one kernel, get a
+ * reason too. One switch for the tuner and the tuned tables. */
+const char *mj_gemm_path_blocker(const moejit_spec *spec, int which, moejit_gemm_path path);
+
 /* 1 when AUTO may pick the GEMV path (max_rows <= MOEJIT_GEMV_MAX_ROWS):
  * MOEJIT_GEMM_GEMV=0 in the environment turns it off. */
 int mj_gemm_gemv_enabled(void);

@@ -84,6 +84,19 @@ const char *mj_gemm_gemv_blocker(const moejit_spec *spec, int which) {
   return NULL;
 }
 
+const char *mj_gemm_path_blocker(const moejit_spec *spec, int which, moejit_gemm_path path) {
+  switch (path) {
+    case MOEJIT_GEMM_PATH_MMA:
+      return mj_gemm_mma_blocker(spec, which);
+    case MOEJIT_GEMM_PATH_WGMMA:
+      return mj_gemm_wgmma_blocker(spec, which);
+    case MOEJIT_GEMM_PATH_GEMV:
+      return mj_gemm_gemv_blocker(spec, which);
+    default:
+      return "the path is not mma, wgmma or gemv";
+  }
+}
+
 int mj_gemm_gemv_enabled(void) {
   const char *env = getenv("MOEJIT_GEMM_GEMV");
   return !(env && strcmp(env, "0") == 0);

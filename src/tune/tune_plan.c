@@ -155,20 +155,6 @@ static const char *divisibility(const moejit_spec *s, int which, const moejit_ge
   return NULL;
 }
 
-/* Why the kernel of `path` cannot run GEMM `which` of spec, or NULL. */
-static const char *path_blocker(const moejit_spec *spec, int which, moejit_gemm_path path) {
-  switch (path) {
-    case MOEJIT_GEMM_PATH_MMA:
-      return mj_gemm_mma_blocker(spec, which);
-    case MOEJIT_GEMM_PATH_WGMMA:
-      return mj_gemm_wgmma_blocker(spec, which);
-    case MOEJIT_GEMM_PATH_GEMV:
-      return mj_gemm_gemv_blocker(spec, which);
-    default:
-      return "not a tuned path";
-  }
-}
-
 static int find_same(const builder *b, const mj_tune_cand *c, const plan_key *k) {
   for (size_t i = 0; i < b->plan->n; i++) {
     const mj_tune_cand *o = &b->plan->cands[i];
@@ -195,7 +181,7 @@ static moejit_status add_candidate(builder *b, mj_tune_cand c, int check_divisib
     prune(&c, "wgmma needs sm_90a", detail);
   } else if (moejit_spec_validate(&spec) != MOEJIT_OK) {
     prune(&c, rule_category(moejit_last_error()), moejit_last_error());
-  } else if ((blocker = path_blocker(&spec, c.which, c.path))) {
+  } else if ((blocker = mj_gemm_path_blocker(&spec, c.which, c.path))) {
     char category[96]; /* the blocker's gist: up to its first ':' */
     snprintf(category, sizeof category, "%s kernel: %.*s", moejit_gemm_path_name(c.path),
              (int)strcspn(blocker, ":"), blocker);

@@ -819,10 +819,7 @@ const char *mj_tuned_entry_blocker(const mj_tuned_entry *e, const moejit_spec *s
   moejit_spec s = *spec;
   *(which == 1 ? &s.gemm1 : &s.gemm2) = e->cfg;
   if (mj_spec_check(&s, NULL) != MOEJIT_OK) return "the tile does not validate for this spec";
-  if (e->path == MOEJIT_GEMM_PATH_MMA) return mj_gemm_mma_blocker(&s, which);
-  if (e->path == MOEJIT_GEMM_PATH_WGMMA) return mj_gemm_wgmma_blocker(&s, which);
-  if (e->path == MOEJIT_GEMM_PATH_GEMV) return mj_gemm_gemv_blocker(&s, which);
-  return "the path is not mma, wgmma or gemv";
+  return mj_gemm_path_blocker(&s, which, e->path);
 }
 
 const mj_tuned_entry *mj_tuned_lookup(const mj_tuned_table *t, const char *kernel,
