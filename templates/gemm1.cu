@@ -16,6 +16,10 @@
 // is a 64 x 128-B-row tile for decode) take (TMA map of A, TMA map of W1, h,
 // offsets, max_rows); their B tile is the gate box then the up box of the
 // same h columns, so acc columns j and j + kTN/2 pair up in one thread.
+// moejit_gemm1_swiglu_gemv (decode: weight streaming) takes what mma takes;
+// moejit_layer_decode_gemm1 (the decode layer's first launch: routing
+// included, rows read from x) takes (logits, bias, x, W1, h, topk_ids,
+// topk_weights, tokens, counters).
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"
@@ -23,6 +27,7 @@
 #include "common/gemm_simt.cuh"
 #include "common/gemm_wgmma.cuh"
 #include "common/gemm_gemv.cuh"
+#include "common/route.cuh"
 
 typedef mj_gemm_shape<kTileM, kTileN, kTileK, kStages, kWarps> Gemm1Shape;
 static constexpr int kG1HalfN = kTileN / 2; // h columns per n-tile
@@ -111,13 +116,12 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
 
 // ---- decode: weight streaming (common/gemm_gemv.cuh) --------------------------
 
-// A unit is kGemv1Cols h columns: their gate rows and up rows of W1[e].
-template <typename AT, typename WT> struct mj_gemm1_gemv_unit {
-  const AT *a;
+// A unit is C h columns: their gate rows and up rows of W1[e].
+template <typename AT, typename WT, int C> struct mj_gemm1_gemv_unit {
+  const AT *a; // permuted rows (mj_gemv_for_each) or x (mj_decode_for_each)
   const WT *w;
   AT *h;
-  template <int R> __device__ __forceinline__ void run(int e, int g, int row0, int rows) const {
-    constexpr int C = kGemv1Cols;
+  template <int R, class Rows> __device__ __forceinline__ void run_rows(int e, int g, const Rows &map) const {
     const int j0 = g * C;
     const WT *wr[2 * C];
 #pragma unroll
@@ -126,16 +130,22 @@ template <typename AT, typename WT> struct mj_gemm1_gemv_unit {
       wr[C + c] = wr[c] + (long long)kExpertWidth * kHidden;
     }
     float acc[2 * C][R];
-    mj_gemv_dot<AT, WT, kHidden, 2 * C, R>(wr, a + (long long)row0 * kHidden, rows, acc);
+    mj_gemv_dot<AT, WT, kHidden, 2 * C, R>(wr, map, acc);
     const int lane = mj_lane_id();
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      if (r >= rows || lane != r) continue; // lane r stores row r
+      if (r >= map.rows || lane != r) continue; // lane r stores row r
       float v[C];
 #pragma unroll
       for (int c = 0; c < C; ++c) v[c] = mj_silu(acc[c][r]) * acc[C + c][r];
-      mj_store_floats<AT, C>(h + (long long)(row0 + r) * kExpertWidth + j0, v);
+      mj_store_floats<AT, C>(h + (long long)map.out_row(r) * kExpertWidth + j0, v);
     }
+  }
+  template <int R> __device__ __forceinline__ void run(int e, int g, int row0, int rows) const {
+    run_rows<R>(e, g, mj_gemv_rows_contig<AT, kHidden>{a, row0, rows});
+  }
+  template <int R> __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
+    run_rows<R>(e, g, mj_gemv_rows_entries<AT, kHidden, kTopK>{a, packed, rows});
   }
 };
 
@@ -147,7 +157,7 @@ __device__ __forceinline__ void mj_gemm1_gemv(const AT *__restrict__ a, const WT
     __trap(); // the host launches the simt entry for these dtypes/shapes
   } else {
     mj_gemv_for_each<kExperts>(offsets, max_rows, kExpertWidth / kGemv1Cols,
-                               mj_gemm1_gemv_unit<AT, WT>{a, w, h});
+                               mj_gemm1_gemv_unit<AT, WT, kGemv1Cols>{a, w, h});
   }
 }
 
@@ -155,6 +165,60 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_gemm1_swiglu_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
                          const int *__restrict__ offsets, int max_rows) {
   mj_gemm1_gemv(a, w, h, offsets, max_rows);
+}
+
+// ---- the decode layer, first launch: route + GEMM 1 + SwiGLU ------------------
+// tokens * kTopK <= kGemvPassRows (the host checks). Warp t of every block
+// routes token t (common/route.cuh: the router kernel's code, so the same
+// picks and weights to the bit); block 0 writes them out for the second
+// launch and the caller, and zeroes the second launch's column-group
+// counters. h rows are entries (token-slot order), not expert-sorted rows.
+// Units of kDecode1Cols columns (one: the shortest chain per warp).
+static constexpr int kDecode1Cols = 1;
+static constexpr int kDecode2Groups = kHidden / kGemv2Cols; // gemm2.cu: counters
+
+template <typename AT, typename WT, typename LT>
+__device__ __forceinline__ void mj_decode_gemm1(const LT *__restrict__ logits, const float *__restrict__ bias,
+                                                const AT *__restrict__ x, const WT *__restrict__ w,
+                                                AT *__restrict__ h, int *__restrict__ topk_ids,
+                                                float *__restrict__ topk_weights, int tokens,
+                                                unsigned *__restrict__ counters) {
+  if constexpr (!kGemvOk || kTopK > kGemvPassRows || kGemvWarps * kTopK < kGemvPassRows) {
+    __trap(); // the host keeps these shapes on the unfused layer
+  } else {
+    __shared__ int ids[kGemvPassRows];
+    const int entries = min(tokens * kTopK, kGemvPassRows);
+    const int warp = threadIdx.x / 32, lane = mj_lane_id();
+    if (warp * kTopK < entries) { // warp t routes token t
+      int expert;
+      float weight;
+      const LT *row = logits + (long long)warp * kExperts;
+      if constexpr (kRouteRule == 0)
+        route_softmax(row, lane, expert, weight);
+      else
+        route_sigmoid(row, bias, lane, expert, weight);
+      if (lane < kTopK) {
+        ids[warp * kTopK + lane] = expert;
+        if (blockIdx.x == 0) {
+          topk_ids[warp * kTopK + lane] = expert;
+          topk_weights[warp * kTopK + lane] = weight;
+        }
+      }
+    }
+    if (blockIdx.x == 0)
+      for (int i = threadIdx.x; i < kDecode2Groups; i += blockDim.x) counters[i] = 0u;
+    __syncthreads();
+    mj_decode_for_each(ids, entries, kExpertWidth / kDecode1Cols,
+                       mj_gemm1_gemv_unit<AT, WT, kDecode1Cols>{x, w, h});
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
+moejit_layer_decode_gemm1(const logits_t *__restrict__ logits, const float *__restrict__ bias,
+                          const act_t *__restrict__ x, const weight_t *__restrict__ w, act_t *__restrict__ h,
+                          int *__restrict__ topk_ids, float *__restrict__ topk_weights, int tokens,
+                          unsigned *__restrict__ counters) {
+  mj_decode_gemm1(logits, bias, x, w, h, topk_ids, topk_weights, tokens, counters);
 }
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------

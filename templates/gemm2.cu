@@ -9,7 +9,10 @@
 // reference) take (h, W2, y, offsets [E+1] int32, scale, max_rows).
 // moejit_gemm2_wgmma and _wgmma_narrow (sm_90a only; the narrow one is a
 // 64 x 128 tile for decode) take (TMA map of h, TMA map of W2, y, offsets,
-// scale, max_rows).
+// scale, max_rows). moejit_gemm2_gemv (decode: weight streaming) takes what
+// mma takes; moejit_layer_decode_gemm2 (the decode layer's second launch:
+// combine included) takes (h, W2, topk_ids, topk_weights, tokens, out,
+// part, counters).
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"
@@ -108,7 +111,7 @@ template <typename AT, typename WT> struct mj_gemm2_gemv_unit {
 #pragma unroll
     for (int c = 0; c < C; ++c) wr[c] = w + ((long long)e * kHidden + n0 + c) * kExpertWidth;
     float acc[C][R];
-    mj_gemv_dot<AT, WT, kExpertWidth, C, R>(wr, a + (long long)row0 * kExpertWidth, rows, acc);
+    mj_gemv_dot<AT, WT, kExpertWidth, C, R>(wr, mj_gemv_rows_contig<AT, kExpertWidth>{a, row0, rows}, acc);
     const int lane = mj_lane_id();
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -138,6 +141,92 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_gemm2_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
                   const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
   mj_gemm2_gemv(a, w, y, offsets, scale, max_rows);
+}
+
+// ---- the decode layer, second launch: GEMM 2 + combine --------------------------
+// h rows are entries p = t * kTopK + j (moejit_layer_decode_gemm1). Units
+// are GEMM 2's GEMV units (an active expert's entries x kGemv2Cols output
+// columns), written as fp32 partial rows part[p] (no rounding to act_t).
+// Each column group g has a counter (zeroed by the first launch): a unit
+// adds its rows to it after a fence, and the unit that brings it to all the
+// entries combines the group: out[t, cols] = sum over j of weights[t, j] *
+// part[t * kTopK + j, cols], in j order, fp32, then resets the counter. So
+// the sum's order is fixed whichever unit finishes last: deterministic.
+template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
+  const AT *h;
+  const WT *w;
+  float *part;
+  unsigned *counters;
+  const float *wt; // shared: the entries' router weights
+  OT *out;
+  int entries;
+  template <int R> __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
+    constexpr int C = kGemv2Cols;
+    const int n0 = g * C, lane = mj_lane_id();
+    const WT *wr[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) wr[c] = w + ((long long)e * kHidden + n0 + c) * kExpertWidth;
+    const mj_gemv_rows_entries<AT, kExpertWidth, 1> map{h, packed, rows};
+    float acc[C][R];
+    mj_gemv_dot<AT, WT, kExpertWidth, C, R>(wr, map, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows || lane != r) continue; // lane r stores row r
+      float v[C];
+#pragma unroll
+      for (int c = 0; c < C; ++c) v[c] = acc[c][r];
+      mj_store_floats<float, C>(part + (long long)map.out_row(r) * kHidden + n0, v);
+    }
+    __threadfence(); // this lane's partials before the count
+    __syncwarp();
+    unsigned done = 0;
+    if (lane == 0) done = atomicAdd(counters + g, (unsigned)rows) + (unsigned)rows;
+    done = __shfl_sync(MJ_FULL_MASK, done, 0);
+    if (done != (unsigned)entries) return;
+    __threadfence(); // the other units' partials after their counts
+    const int t = lane / C, c = lane % C, tokens = entries / kTopK;
+    if (t < tokens) {
+      float v = 0.f;
+#pragma unroll
+      for (int j = 0; j < kTopK; ++j) {
+        const int p = t * kTopK + j;
+        v = fmaf(wt[p], __ldcg(part + (long long)p * kHidden + n0 + c), v);
+      }
+      mj_store1(out + (long long)t * kHidden + n0 + c, v);
+    }
+    if (lane == 0) counters[g] = 0u; // ready for the next forward
+  }
+};
+
+template <typename AT, typename WT, typename OT>
+__device__ __forceinline__ void mj_decode_gemm2(const AT *__restrict__ h, const WT *__restrict__ w,
+                                                const int *__restrict__ topk_ids,
+                                                const float *__restrict__ topk_weights, int tokens,
+                                                OT *__restrict__ out, float *__restrict__ part,
+                                                unsigned *__restrict__ counters) {
+  static_assert(kGemvPassRows <= 32 / kGemv2Cols, "decode gemm2: a warp combines a column group");
+  if constexpr (!kGemvOk || kTopK > kGemvPassRows) {
+    __trap(); // the host keeps these shapes on the unfused layer
+  } else {
+    __shared__ int ids[kGemvPassRows];
+    __shared__ float wt[kGemvPassRows];
+    const int entries = min(tokens * kTopK, kGemvPassRows);
+    if (threadIdx.x < entries) {
+      ids[threadIdx.x] = __ldg(topk_ids + threadIdx.x);
+      wt[threadIdx.x] = __ldg(topk_weights + threadIdx.x);
+    }
+    __syncthreads();
+    mj_decode_for_each(ids, entries, kHidden / kGemv2Cols,
+                       mj_decode2_unit<AT, WT, OT>{h, w, part, counters, wt, out, entries});
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
+moejit_layer_decode_gemm2(const act_t *__restrict__ h, const weight_t *__restrict__ w,
+                          const int *__restrict__ topk_ids, const float *__restrict__ topk_weights,
+                          int tokens, out_t *__restrict__ out, float *__restrict__ part,
+                          unsigned *__restrict__ counters) {
+  mj_decode_gemm2(h, w, topk_ids, topk_weights, tokens, out, part, counters);
 }
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------

@@ -182,7 +182,8 @@ MOEJIT_API moejit_status moejit_moe_workspace_size(const moejit_model *model, in
                                                    size_t *bytes);
 
 /* Enqueues the layer on `stream`: route, align (2 or 3 launches), GEMM 1 +
- * SwiGLU, GEMM 2, combine. Each GEMM runs the tuned variant of the bucket
+ * SwiGLU, GEMM 2, combine; or, at decode sizes (moejit_moe_decode_layer),
+ * two launches: route + GEMM 1 + SwiGLU, then GEMM 2 + combine. Each GEMM runs the tuned variant of the bucket
  * nearest to T when the load found one (else the heuristic configuration;
  * also when the variant's launch plan does not hold at this T, e.g. a grid
  * too large): moejit_model_gemm_choice says which. Checks every argument
@@ -191,6 +192,13 @@ MOEJIT_API moejit_status moejit_moe_workspace_size(const moejit_model *model, in
  * capture. Thread-safe (with separate workspaces). */
 MOEJIT_API moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_args *args,
                                             moejit_stream stream);
+
+/* 1 when moejit_moe_forward of `tokens` tokens runs the two-launch decode
+ * layer: T * top_k <= MOEJIT_GEMV_PASS_ROWS (8) token-slot entries, both
+ * GEMMs on the GEMV path (moejit_model_gemm_choice), one GPU, and
+ * $MOEJIT_LAYER_DECODE not "0". 0 otherwise, also for a NULL model or
+ * tokens out of range. Host only. docs/layer.md, "Decode". */
+MOEJIT_API int moejit_moe_decode_layer(const moejit_model *model, int64_t tokens);
 
 /* FLOPs of one forward's two GEMMs (6 * T * k * d * f), for reports. */
 MOEJIT_API double moejit_moe_flops(const moejit_spec *spec, int64_t tokens);

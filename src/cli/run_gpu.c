@@ -406,6 +406,9 @@ static void print_configs(const gpu_state *g) {
       if ((why = strstr(desc, " ("))) *why = '\0'; /* the kernel rows above say why */
       printf("  T=%-6lld %s: %s\n", (long long)g->points[i].tokens, gemms[j], desc);
     }
+    if (moejit_moe_decode_layer(g->model, g->points[i].tokens))
+      printf("  T=%-6lld layer: decode, 2 launches (route + gemm1, gemm2 + combine)\n",
+             (long long)g->points[i].tokens);
   }
 }
 
@@ -481,7 +484,8 @@ static void print_choices_json(const gpu_state *g) {
       cli_json_str(stdout, desc);
       printf("}");
     }
-    printf("}");
+    printf(",\"decode_layer\":%s}",
+           moejit_moe_decode_layer(g->model, g->points[i].tokens) ? "true" : "false");
   }
   printf("]");
 }

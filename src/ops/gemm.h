@@ -60,6 +60,9 @@ int mj_gemm_gemv_enabled(void);
 #define MJ_GEMV1_COLS 2
 #define MJ_GEMV2_COLS 4
 #define MJ_GEMV_BLOCKS_PER_SM 2
+/* The decode layer's GEMM 1 units (templates/gemm1.cu kDecode1Cols: h
+ * columns); its GEMM 2 units are MJ_GEMV2_COLS columns. */
+#define MJ_DECODE1_COLS 1
 
 /* Why the wgmma kernel cannot run `which` of spec (any arch), or NULL. */
 const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which);

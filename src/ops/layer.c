@@ -1,8 +1,10 @@
 /* The whole MoE layer (moejit/layer.h): loading from a config path or
  * preset, the workspace layout, and the forward that chains the existing
- * launchers route -> align -> gemm1 + SwiGLU -> gemm2 -> combine. */
+ * launchers route -> align -> gemm1 + SwiGLU -> gemm2 -> combine, or, at
+ * decode sizes, the two launches of the decode layer. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -10,6 +12,7 @@
 #include "dist/ep.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
+#include "runtime/runtime.h"
 
 #define WS_ALIGN 256
 
@@ -74,7 +77,7 @@ moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_pr
  * GEMM 1 has consumed xs by the time GEMM 2 writes y. */
 typedef struct ws_layout {
   size_t ids, weights, counts, offsets, sorted_slot, row_of, tile_expert, tile_row_start, num_tiles,
-      align_ws, xs_y, h, total;
+      align_ws, xs_y, h, decode_counters, total;
   size_t align_bytes;
 } ws_layout;
 
@@ -103,8 +106,11 @@ static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout
   l->tile_row_start = take(&c, (size_t)tiles * 4);
   l->num_tiles = take(&c, 4);
   l->align_ws = take(&c, l->align_bytes);
-  l->xs_y = take(&c, entries * (size_t)s->hidden * act);
+  /* the decode layer keeps GEMM 2's fp32 partial rows where xs and y go */
+  const size_t xs_y = entries * (size_t)s->hidden * act, part = entries * (size_t)s->hidden * 4;
+  l->xs_y = take(&c, entries <= MOEJIT_GEMV_PASS_ROWS && part > xs_y ? part : xs_y);
   l->h = take(&c, entries * (size_t)s->expert_width * act);
+  l->decode_counters = take(&c, (size_t)(s->hidden / MJ_GEMV2_COLS) * 4);
   l->total = c;
   return MOEJIT_OK;
 }
@@ -273,6 +279,74 @@ moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *
   return launch_experts(m, tokens, x, ids, weights, w1, w2, out, ws, &l, &c, stream);
 }
 
+/* ---- the decode layer ----------------------------------------------------- */
+
+/* At T * k <= MOEJIT_GEMV_PASS_ROWS the forward is two launches of the GEMM
+ * modules (templates/gemm1.cu, gemm2.cu): moejit_layer_decode_gemm1 routes
+ * (every block, the router's own code), runs GEMM 1 + SwiGLU on x rows
+ * directly and zeroes the column-group counters; moejit_layer_decode_gemm2
+ * runs GEMM 2 into fp32 partial rows (over xs_y) and the unit completing a
+ * column group combines it. No align, no permutation, no combine launch. */
+int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
+                     const mj_gemm_choice *gemm2) {
+  if (tokens < 1 || tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS) return 0;
+  if (!gemm1->plan.use_gemv || !gemm2->plan.use_gemv) return 0;
+  const char *env = getenv("MOEJIT_LAYER_DECODE");
+  return !(env && !strcmp(env, "0"));
+}
+
+int moejit_moe_decode_layer(const moejit_model *m, int64_t tokens) {
+  gemm_choices c;
+  if (!m || m->ep || (m->families & MJ_OPS_LAYER) != MJ_OPS_LAYER || tokens < 1 ||
+      tokens > INT32_MAX / m->spec.top_k || choose_gemms(m, "moejit_moe_decode_layer", tokens, &c))
+    return 0;
+  return mj_moe_decode_ok(&m->spec, tokens, &c.gemm[0], &c.gemm[1]);
+}
+
+/* Blocks of MJ_GEMV_WARPS warps for `units` work units: as many rounds as
+ * the resident warps (MJ_GEMV_BLOCKS_PER_SM per SM) need, and every warp
+ * with the same number of units. */
+static unsigned decode_blocks(const moejit_model *m, int64_t units) {
+  const int64_t resident = (int64_t)mj_ctx_sm_count(m->ctx) * MJ_GEMV_BLOCKS_PER_SM * MJ_GEMV_WARPS;
+  const int64_t rounds = (units + resident - 1) / resident;
+  const int64_t warps = rounds > 0 ? (units + rounds - 1) / rounds : 1;
+  return (unsigned)((warps + MJ_GEMV_WARPS - 1) / MJ_GEMV_WARPS);
+}
+
+static moejit_status decode_kernel(const moejit_model *m, const mj_gemm_choice *c, int which,
+                                   moejit_kernel **k) {
+  moejit_spec scratch;
+  const moejit_spec *ks = mj_gemm_kernel_spec(c->spec, which, &c->plan, &scratch);
+  return moejit_ctx_get_kernel(m->ctx, ks, c->plan.family,
+                               which == 1 ? "moejit_layer_decode_gemm1"
+                                          : "moejit_layer_decode_gemm2",
+                               k);
+}
+
+static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args *a, int32_t *ids,
+                                   float *weights, const ws_layout *l, const gemm_choices *c,
+                                   moejit_stream stream) {
+  const moejit_spec *s = &m->spec;
+  moejit_kernel *k1, *k2;
+  moejit_status st = decode_kernel(m, &c->gemm[0], 1, &k1);
+  if (!st) st = decode_kernel(m, &c->gemm[1], 2, &k2);
+  if (st) return mj_model_fail(m, mj_fail_prefix(st, "moejit_moe_forward"));
+  const void *x = a->x, *logits = a->logits, *bias = a->route_bias, *w1 = a->w1, *w2 = a->w2;
+  void *h = AT(a->workspace, l->h), *out = a->out, *part = AT(a->workspace, l->xs_y);
+  void *counters = AT(a->workspace, l->decode_counters);
+  int tokens = (int)a->tokens;
+  const int64_t entries = a->tokens * s->top_k;
+  const int64_t active = entries < s->experts ? entries : s->experts;
+  const unsigned block[3] = {MJ_GEMV_WARPS * 32u, 1, 1};
+  const unsigned grid1[3] = {decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS)), 1, 1};
+  const unsigned grid2[3] = {decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS)), 1, 1};
+  void *p1[] = {&logits, &bias, &x, &w1, &h, &ids, &weights, &tokens, &counters};
+  void *p2[] = {&h, &w2, &ids, &weights, &tokens, &out, &part, &counters};
+  st = moejit_kernel_launch(m->ctx, k1, grid1, block, 0, stream, p1);
+  if (!st) st = moejit_kernel_launch(m->ctx, k2, grid2, block, 0, stream, p2);
+  return st ? mj_model_fail(m, st) : MOEJIT_OK;
+}
+
 moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_args *args,
                                  moejit_stream stream) {
   if (model && model->ep) return mj_ep_forward(model, args, stream);
@@ -283,6 +357,8 @@ moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_arg
   void *ws = args->workspace;
   int32_t *ids = args->topk_ids ? args->topk_ids : AT(ws, l.ids);
   float *weights = args->topk_weights ? args->topk_weights : AT(ws, l.weights);
+  if (mj_moe_decode_ok(&model->spec, args->tokens, &choices.gemm[0], &choices.gemm[1]))
+    return launch_decode(model, args, ids, weights, &l, &choices, stream);
   moejit_route_args r = {.tokens = args->tokens,
                          .logits = args->logits,
                          .bias = args->route_bias,

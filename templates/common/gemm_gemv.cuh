@@ -78,11 +78,39 @@ __device__ __forceinline__ int mj_gemv_active_experts(const int *offsets, int ma
   return *count;
 }
 
-// acc[n][r] = lane's part of w[n] . a[r] over K (rows r >= rows repeat the
-// last row; the caller drops them). Weight chunks of kBatch iterations are
-// all in flight before the first multiply.
-template <typename AT, typename WT, int K, int NW, int R>
-__device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const AT *a, int rows,
+// Where a unit's rows live. A row map gives row r's A row (rows r >= rows
+// repeat the last row; the caller drops them) and the output row it lands
+// in. Contiguous: rows row0.. of a permuted A (align's layout). Entries: the
+// decode layer's rows are token-slot entries p = t * kTopK + j (at most
+// kGemvPassRows, packed 4 bits each, ascending), read from x[t] directly and
+// written to output row p, so no permutation runs.
+template <typename AT, int K> struct mj_gemv_rows_contig {
+  const AT *a;
+  int row0, rows;
+  __device__ __forceinline__ const AT *a_row(int r) const {
+    return a + (long long)(row0 + (r < rows ? r : rows - 1)) * K;
+  }
+  __device__ __forceinline__ int out_row(int r) const { return row0 + r; }
+};
+
+// DIV: entries per A row (kTopK where A is x [T, d]; 1 where A has a row
+// per entry, as h of the decode layer).
+template <typename AT, int K, int DIV> struct mj_gemv_rows_entries {
+  const AT *x;
+  unsigned packed;
+  int rows;
+  __device__ __forceinline__ int out_row(int r) const {
+    return (int)((packed >> (4 * (r < rows ? r : rows - 1))) & 15u);
+  }
+  __device__ __forceinline__ const AT *a_row(int r) const {
+    return x + (long long)(out_row(r) / DIV) * K;
+  }
+};
+
+// acc[n][r] = lane's part of w[n] . (row r of the map) over K. Weight chunks
+// of kBatch iterations are all in flight before the first multiply.
+template <typename AT, typename WT, int K, int NW, int R, class Rows>
+__device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const Rows &map,
                                             float (&acc)[NW][R]) {
   constexpr int kChunks = K / 8;
   constexpr int kIters = (kChunks + 31) / 32;
@@ -109,8 +137,7 @@ __device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const AT *
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float af[8];
-        const int row = r < rows ? r : rows - 1;
-        mj_unpack8<AT>(__ldg(reinterpret_cast<const uint4 *>(a + row * K + c * 8)), af);
+        mj_unpack8<AT>(__ldg(reinterpret_cast<const uint4 *>(map.a_row(r) + c * 8)), af);
 #pragma unroll
         for (int n = 0; n < NW; ++n) {
           float wf[8];
@@ -153,6 +180,59 @@ __device__ __forceinline__ void mj_gemv_for_each(const int *offsets, int max_row
       else if (rows <= 4) unit.template run<4>(e, g, row0, rows);
       else unit.template run<8>(e, g, row0, rows);
     }
+  }
+}
+
+// ---- the decode layer (moejit_layer_decode_gemm1 / _gemm2) -----------------
+// At T * k <= kGemvPassRows entries the whole layer is two launches: GEMM 1
+// routes the tokens itself (every block, the same bits) and reads x rows
+// directly; GEMM 2 writes fp32 partial rows per entry and the warp that
+// completes a column group combines it. No align, no permutation, no
+// combine launch (docs/layer.md, "Decode").
+
+// The active experts of the entries, in order of first appearance, each
+// with its entries packed (mj_gemv_rows_entries) and its row count; returns
+// how many. ids: shared, `entries` of them (<= 32); every thread calls it.
+__device__ __forceinline__ int mj_decode_experts(const int *ids, int entries, int *list,
+                                                 unsigned *packed, int *rows, int *count) {
+  if (threadIdx.x < 32) {
+    const int lane = mj_lane_id();
+    const int id = lane < entries ? ids[lane] : -1 - lane; // padding: unique, invalid
+    const bool valid = lane < entries && id >= 0 && id < kExperts;
+    const unsigned same = __match_any_sync(MJ_FULL_MASK, id);
+    const bool first = valid && __ffs(same) - 1 == lane;
+    const unsigned firsts = __ballot_sync(MJ_FULL_MASK, first);
+    if (first) {
+      const int at = __popc(firsts & mj_lanemask_lt());
+      unsigned m = same, p = 0;
+      int n = 0;
+      for (; m != 0u && n < kGemvPassRows; ++n, m &= m - 1u) p |= (unsigned)(__ffs(m) - 1) << (4 * n);
+      list[at] = id, packed[at] = p, rows[at] = n;
+    }
+    if (lane == 0) *count = __popc(firsts);
+  }
+  __syncthreads();
+  return *count;
+}
+
+// The persistent loop of decode GEMM 1: unit u = (active expert u / groups,
+// column group u % groups), spread as mj_gemv_for_each spreads them.
+template <class Unit>
+__device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, int groups,
+                                                   const Unit &unit) {
+  __shared__ int list[kGemvPassRows], rows[kGemvPassRows], count;
+  __shared__ unsigned packed[kGemvPassRows];
+  const int active = mj_decode_experts(ids, entries, list, packed, rows, &count);
+  const int units = active * groups;
+  const int stride = gridDim.x * kGemvWarps;
+#pragma unroll 1
+  for (int u = blockIdx.x + gridDim.x * (threadIdx.x / 32); u < units; u += stride) {
+    const int a = u / groups, g = u % groups, n = rows[a];
+    const unsigned p = packed[a];
+    if (n == 1) unit.template run<1>(list[a], g, p, n);
+    else if (n == 2) unit.template run<2>(list[a], g, p, n);
+    else if (n <= 4) unit.template run<4>(list[a], g, p, n);
+    else unit.template run<8>(list[a], g, p, n);
   }
 }
 

@@ -348,6 +348,135 @@ Test(layer, two_models_in_one_ctx) {
   moejit_model_destroy(b);
 }
 
+/* ---- the decode layer ------------------------------------------------------------ */
+
+/* At T * k <= 8 with both GEMMs on the GEMV path the forward is two launches
+ * (route + GEMM 1 in one, GEMM 2 + combine in the other): against the
+ * reference and against the unfused chain ($MOEJIT_LAYER_DECODE=0), with
+ * ragged K (chunks not a multiple of the warp), fp16, fp32 out, the sigmoid
+ * rule, and experts holding every token's rows. */
+
+static moejit_model *load_heuristic(const moejit_spec *s) {
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.tuned_disable = 1; /* AUTO: GEMV at T * k <= 8 */
+  moejit_model *m = NULL;
+  OPS_OK(moejit_model_load_spec(ops_ctx(), s, &o, &m));
+  return m;
+}
+
+/* Every token prefers experts hot[0] > hot[1] > ... (the rest far below):
+ * each hot expert gets one row per token. */
+static void logits_hot(layer_io *io, int64_t tokens, ts_rng *rng) {
+  const moejit_spec *s = io->spec;
+  const int E = s->experts;
+  const size_t n = (size_t)tokens * E, lsz = moejit_dtype_size(s->logits_dtype);
+  for (int64_t t = 0; t < tokens; t++)
+    for (int e = 0; e < E; e++) io->logits[t * E + e] = (float)ts_uniform(rng, -4.0, -3.0);
+  for (int64_t t = 0; t < tokens; t++)
+    for (int j = 0; j < s->top_k; j++) io->logits[t * E + (3 + 5 * j) % E] = 8.0f - (float)j;
+  void *packed = malloc(lsz * n);
+  cr_assert(packed);
+  ref_pack(s->logits_dtype, io->logits, packed, n);
+  ref_unpack(s->logits_dtype, packed, io->logits, n);
+  ops_upload(io->d_logits, packed, lsz * n);
+  free(packed);
+}
+
+static double rel_diff(moejit_dtype dt, const void *a, const void *b, size_t n) {
+  float *fa = malloc(sizeof(float) * n), *fb = malloc(sizeof(float) * n);
+  cr_assert(fa && fb);
+  ref_unpack(dt, a, fa, n);
+  ref_unpack(dt, b, fb, n);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    num += ((double)fa[i] - fb[i]) * ((double)fa[i] - fb[i]);
+    den += (double)fb[i] * fb[i];
+  }
+  free(fa), free(fb);
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The decode layer and the unfused chain at T tokens, both against the
+ * reference; routing identical to the bit, outputs within bf16 rounding. */
+static void decode_case(layer_io *io, int64_t tokens, ts_rng *rng, const char *what) {
+  const moejit_spec *s = io->spec;
+  const size_t nk = (size_t)tokens * s->top_k, ob = out_bytes(io, tokens);
+  void *out_d = malloc(ob), *out_u = malloc(ob);
+  int32_t ids_d[8], ids_u[8];
+  float w_d[8], w_u[8];
+  cr_assert(out_d && out_u && nk <= 8);
+  char label[160];
+  cr_assert(moejit_moe_decode_layer(io->model, tokens), "%s T=%lld: no decode layer", what,
+            (long long)tokens);
+  run_eager(io, tokens, NULL, out_d, ids_d, w_d);
+  snprintf(label, sizeof label, "%s (decode layer)", what);
+  check_output(io, tokens, out_d, ids_d, w_d, rng, label);
+  setenv("MOEJIT_LAYER_DECODE", "0", 1);
+  cr_assert(!moejit_moe_decode_layer(io->model, tokens), "MOEJIT_LAYER_DECODE=0 ignored");
+  run_eager(io, tokens, NULL, out_u, ids_u, w_u);
+  unsetenv("MOEJIT_LAYER_DECODE");
+  snprintf(label, sizeof label, "%s (unfused)", what);
+  check_output(io, tokens, out_u, ids_u, w_u, rng, label);
+  cr_assert(memcmp(ids_d, ids_u, nk * 4) == 0 && memcmp(w_d, w_u, nk * 4) == 0,
+            "%s T=%lld: the decode layer routed differently from the router kernel", what,
+            (long long)tokens);
+  const double d = rel_diff(s->out_dtype, out_d, out_u, ob / moejit_dtype_size(s->out_dtype));
+  cr_assert(d <= LAYER_RTOL, "%s T=%lld: decode vs unfused differ by %.3g", what,
+            (long long)tokens, d);
+  free(out_d), free(out_u);
+}
+
+static void decode_spec(const char *preset, int64_t hidden, int64_t width, int top_k,
+                        moejit_dtype act, moejit_dtype out, moejit_spec *s) {
+  OPS_OK(moejit_spec_load_preset(preset, s));
+  s->hidden = hidden, s->expert_width = width, s->top_k = top_k;
+  s->act_dtype = s->weight_dtype = act, s->out_dtype = out;
+  cr_assert_eq(moejit_spec_validate(s), MOEJIT_OK, "%s", moejit_last_error());
+}
+
+Test(layer, decode_layer_matches_reference_and_unfused) {
+  OPS_REQUIRE_GPU();
+  ts_rng rng = ts_rng_fresh("layer decode");
+  const struct {
+    const char *preset;
+    int64_t hidden, width;
+    int top_k;
+    moejit_dtype act, out;
+    int64_t tokens[4];
+    int64_t hot; /* T of the all-tokens-on-the-same-experts case, 0: none */
+  } cases[] = {
+      /* mixtral-shaped, k = 1: eight routing warps, one expert with 8 rows;
+       * K = 1032 and 776 leave a ragged last chunk */
+      {"mixtral-8x7b", 1032, 776, 1, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 5, 8, 0}, 8},
+      {"mixtral-8x7b", 1024, 512, 2, MOEJIT_DTYPE_FP16, MOEJIT_DTYPE_FP32, {1, 3, 4, 0}, 4},
+      {"qwen3-30b-a3b", 2048, 768, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
+      {"deepseek-v3", 1024, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    moejit_spec s;
+    decode_spec(cases[c].preset, cases[c].hidden, cases[c].width, cases[c].top_k, cases[c].act,
+                cases[c].out, &s);
+    moejit_model *m = load_heuristic(&s);
+    layer_io io;
+    io_make(&io, m, 8, &rng);
+    char what[128];
+    snprintf(what, sizeof what, "%s d=%lld f=%lld k=%d", cases[c].preset,
+             (long long)cases[c].hidden, (long long)cases[c].width, cases[c].top_k);
+    for (int i = 0; i < 4 && cases[c].tokens[i]; i++) decode_case(&io, cases[c].tokens[i], &rng, what);
+    if (cases[c].hot) {
+      logits_hot(&io, cases[c].hot, &rng);
+      char hot[224];
+      snprintf(hot, sizeof hot, "%s, every token on the same experts", what);
+      decode_case(&io, cases[c].hot, &rng, hot);
+    }
+    /* past 8 entries the forward is the unfused chain */
+    cr_expect(!moejit_moe_decode_layer(m, 8 / cases[c].top_k + 1), "%s: decode past 8 entries", what);
+    io_free(&io);
+    moejit_model_destroy(m);
+  }
+}
+
 /* ---- refused arguments ----------------------------------------------------------- */
 
 static void expect_refused(const moejit_model *m, const moejit_moe_args *a, const char *field,
