@@ -19,7 +19,7 @@
 // moejit_gemm1_swiglu_gemv (decode: weight streaming) takes what mma takes;
 // moejit_layer_decode_gemm1 (the decode layer's first launch: routing
 // included, rows read from x) takes (logits, bias, x, W1, h, topk_ids,
-// topk_weights, tokens, counters).
+// topk_weights, tokens, counters, W2, prefetch).
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"
@@ -117,7 +117,7 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
 // ---- decode: weight streaming (common/gemm_gemv.cuh) --------------------------
 
 // A unit is C h columns: their gate rows and up rows of W1[e].
-template <typename AT, typename WT, int C> struct mj_gemm1_gemv_unit {
+template <typename AT, typename WT, int C, bool kEvictFirst = false> struct mj_gemm1_gemv_unit {
   const AT *a; // permuted rows (mj_gemv_for_each) or x (mj_decode_for_each)
   const WT *w;
   AT *h;
@@ -130,7 +130,7 @@ template <typename AT, typename WT, int C> struct mj_gemm1_gemv_unit {
       wr[C + c] = wr[c] + (long long)kExpertWidth * kHidden;
     }
     float acc[2 * C][R];
-    mj_gemv_dot<AT, WT, kHidden, 2 * C, R>(wr, map, acc);
+    mj_gemv_dot<AT, WT, kHidden, 2 * C, R, kEvictFirst>(wr, map, acc);
     const int lane = mj_lane_id();
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -167,58 +167,82 @@ moejit_gemm1_swiglu_gemv(const act_t *__restrict__ a, const weight_t *__restrict
   mj_gemm1_gemv(a, w, h, offsets, max_rows);
 }
 
-// ---- the decode layer, first launch: route + GEMM 1 + SwiGLU ------------------
+// ---- the decode layer: route + GEMM 1 + SwiGLU, then GEMM 2 + combine ------------
 // tokens * kTopK <= kGemvPassRows (the host checks). Warp t of every block
 // routes token t (common/route.cuh: the router kernel's code, so the same
-// picks and weights to the bit); block 0 writes them out for the second
-// launch and the caller, and zeroes the second launch's column-group
-// counters. h rows are entries (token-slot order), not expert-sorted rows.
-// Units of kDecode1Cols columns (one: the shortest chain per warp).
+// picks and weights to the bit); block 0 writes them out for the caller
+// (and the second launch) and zeroes GEMM 2's column-group counters. h rows
+// are entries (token-slot order), not expert-sorted rows. GEMM 1 units are
+// kDecode1Cols columns (one: the shortest chain per warp).
+// The second launch is templates/gemm2.cu: moejit_layer_decode_gemm2.
 static constexpr int kDecode1Cols = 1;
-static constexpr int kDecode2Groups = kHidden / kGemv2Cols; // gemm2.cu: counters
+static constexpr int kDecode2Groups = kHidden / kGemv2Cols; // counters of mj_decode2_unit
+static constexpr bool kDecodeOk = kGemvOk && kTopK <= kGemvPassRows && kGemvWarps * kTopK >= kGemvPassRows;
 
-template <typename AT, typename WT, typename LT>
-__device__ __forceinline__ void mj_decode_gemm1(const LT *__restrict__ logits, const float *__restrict__ bias,
-                                                const AT *__restrict__ x, const WT *__restrict__ w,
-                                                AT *__restrict__ h, int *__restrict__ topk_ids,
-                                                float *__restrict__ topk_weights, int tokens,
-                                                unsigned *__restrict__ counters) {
-  if constexpr (!kGemvOk || kTopK > kGemvPassRows || kGemvWarps * kTopK < kGemvPassRows) {
-    __trap(); // the host keeps these shapes on the unfused layer
-  } else {
-    __shared__ int ids[kGemvPassRows];
-    const int entries = min(tokens * kTopK, kGemvPassRows);
-    const int warp = threadIdx.x / 32, lane = mj_lane_id();
-    if (warp * kTopK < entries) { // warp t routes token t
-      int expert;
-      float weight;
-      const LT *row = logits + (long long)warp * kExperts;
-      if constexpr (kRouteRule == 0)
-        route_softmax(row, lane, expert, weight);
-      else
-        route_sigmoid(row, bias, lane, expert, weight);
-      if (lane < kTopK) {
-        ids[warp * kTopK + lane] = expert;
-        if (blockIdx.x == 0) {
-          topk_ids[warp * kTopK + lane] = expert;
-          topk_weights[warp * kTopK + lane] = weight;
-        }
+// With `prefetch` the W2 rows of the active experts go to L2 (evict_last)
+// before the GEMM 1 units: GEMM 2 then reads W2 from L2. The host asks for
+// it only where they fit. GEMM 1's weights, read once, leave L2 first.
+template <typename WT> struct mj_decode1_hook {
+  const WT *w2;
+  int prefetch;
+  __device__ __forceinline__ void before(const int *list, int active) const {
+    if (prefetch) mj_prefetch_experts_l2(w2, (long long)kHidden * kExpertWidth, list, active);
+  }
+  __device__ __forceinline__ void after(const int *, int) const {}
+};
+
+// Routes the tokens into ids/wt (shared); returns the entries.
+template <typename LT>
+__device__ __forceinline__ int mj_decode_route(const LT *__restrict__ logits, const float *__restrict__ bias,
+                                               int tokens, int *ids, float *wt, int *__restrict__ topk_ids,
+                                               float *__restrict__ topk_weights, unsigned *__restrict__ counters) {
+  const int entries = min(tokens * kTopK, kGemvPassRows);
+  const int warp = threadIdx.x / 32, lane = mj_lane_id();
+  if (warp * kTopK < entries) { // warp t routes token t
+    int expert;
+    float weight;
+    const LT *row = logits + (long long)warp * kExperts;
+    if constexpr (kRouteRule == 0)
+      route_softmax(row, lane, expert, weight);
+    else
+      route_sigmoid(row, bias, lane, expert, weight);
+    if (lane < kTopK) {
+      ids[warp * kTopK + lane] = expert;
+      wt[warp * kTopK + lane] = weight;
+      if (blockIdx.x == 0) {
+        topk_ids[warp * kTopK + lane] = expert;
+        topk_weights[warp * kTopK + lane] = weight;
       }
     }
-    if (blockIdx.x == 0)
-      for (int i = threadIdx.x; i < kDecode2Groups; i += blockDim.x) counters[i] = 0u;
-    __syncthreads();
-    mj_decode_for_each(ids, entries, kExpertWidth / kDecode1Cols,
-                       mj_gemm1_gemv_unit<AT, WT, kDecode1Cols>{x, w, h});
   }
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < kDecode2Groups; i += blockDim.x) counters[i] = 0u;
+  __syncthreads();
+  return entries;
+}
+
+template <typename AT, typename WT>
+__device__ __forceinline__ void mj_decode_gemm1_units(const AT *__restrict__ x, const WT *__restrict__ w,
+                                                      AT *__restrict__ h, const int *ids, int entries,
+                                                      const WT *__restrict__ w2, int prefetch) {
+  mj_decode_for_each(ids, entries, kExpertWidth / kDecode1Cols,
+                     mj_gemm1_gemv_unit<AT, WT, kDecode1Cols, true>{x, w, h},
+                     mj_decode1_hook<WT>{w2, prefetch});
 }
 
 extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_layer_decode_gemm1(const logits_t *__restrict__ logits, const float *__restrict__ bias,
                           const act_t *__restrict__ x, const weight_t *__restrict__ w, act_t *__restrict__ h,
                           int *__restrict__ topk_ids, float *__restrict__ topk_weights, int tokens,
-                          unsigned *__restrict__ counters) {
-  mj_decode_gemm1(logits, bias, x, w, h, topk_ids, topk_weights, tokens, counters);
+                          unsigned *__restrict__ counters, const weight_t *__restrict__ w2, int prefetch) {
+  if constexpr (!kDecodeOk) {
+    __trap(); // the host keeps these shapes on the unfused layer
+  } else {
+    __shared__ int ids[kGemvPassRows];
+    __shared__ float wt[kGemvPassRows];
+    const int entries = mj_decode_route(logits, bias, tokens, ids, wt, topk_ids, topk_weights, counters);
+    mj_decode_gemm1_units(x, w, h, ids, entries, w2, prefetch);
+  }
 }
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------

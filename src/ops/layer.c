@@ -281,12 +281,14 @@ moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *
 
 /* ---- the decode layer ----------------------------------------------------- */
 
-/* At T * k <= MOEJIT_GEMV_PASS_ROWS the forward is two launches of the GEMM
- * modules (templates/gemm1.cu, gemm2.cu): moejit_layer_decode_gemm1 routes
- * (every block, the router's own code), runs GEMM 1 + SwiGLU on x rows
- * directly and zeroes the column-group counters; moejit_layer_decode_gemm2
- * runs GEMM 2 into fp32 partial rows (over xs_y) and the unit completing a
- * column group combines it. No align, no permutation, no combine launch. */
+/* At T * k <= MOEJIT_GEMV_PASS_ROWS the forward is the decode layer, two
+ * launches of the GEMM modules: moejit_layer_decode_gemm1 (templates/
+ * gemm1.cu) routes (every block, the router's own code), runs GEMM 1 +
+ * SwiGLU on x rows directly, zeroes the column-group counters and, where
+ * they fit, pulls the active experts' W2 into L2; moejit_layer_decode_gemm2
+ * (gemm2.cu) runs GEMM 2 into fp32 partial rows (over xs_y) and the unit
+ * completing a column group combines it. No align, no permutation, no
+ * combine launch. */
 int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
                      const mj_gemm_choice *gemm2) {
   if (tokens < 1 || tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS) return 0;
@@ -313,14 +315,23 @@ static unsigned decode_blocks(const moejit_model *m, int64_t units) {
   return (unsigned)((warps + MJ_GEMV_WARPS - 1) / MJ_GEMV_WARPS);
 }
 
+/* Whether GEMM 1 of the decode layer pulls the active experts' W2 into L2
+ * for GEMM 2: where it fits in 70% of L2 ($MOEJIT_DECODE_PREFETCH=0 or 1
+ * overrides). */
+static int decode_prefetch(const moejit_model *m, int64_t active) {
+  const char *env = getenv("MOEJIT_DECODE_PREFETCH");
+  if (env && *env) return strcmp(env, "0") != 0;
+  const double w2 = (double)active * (double)m->spec.hidden * (double)m->spec.expert_width *
+                    (double)moejit_dtype_size(m->spec.weight_dtype);
+  const double l2 = (double)mj_ctx_l2_bytes(m->ctx);
+  return l2 > 0 && w2 <= 0.7 * l2 ? 1 : 0;
+}
+
 static moejit_status decode_kernel(const moejit_model *m, const mj_gemm_choice *c, int which,
-                                   moejit_kernel **k) {
+                                   const char *entry, moejit_kernel **k) {
   moejit_spec scratch;
   const moejit_spec *ks = mj_gemm_kernel_spec(c->spec, which, &c->plan, &scratch);
-  return moejit_ctx_get_kernel(m->ctx, ks, c->plan.family,
-                               which == 1 ? "moejit_layer_decode_gemm1"
-                                          : "moejit_layer_decode_gemm2",
-                               k);
+  return moejit_ctx_get_kernel(m->ctx, ks, c->plan.family, entry, k);
 }
 
 static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args *a, int32_t *ids,
@@ -328,8 +339,8 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
                                    moejit_stream stream) {
   const moejit_spec *s = &m->spec;
   moejit_kernel *k1, *k2;
-  moejit_status st = decode_kernel(m, &c->gemm[0], 1, &k1);
-  if (!st) st = decode_kernel(m, &c->gemm[1], 2, &k2);
+  moejit_status st = decode_kernel(m, &c->gemm[0], 1, "moejit_layer_decode_gemm1", &k1);
+  if (!st) st = decode_kernel(m, &c->gemm[1], 2, "moejit_layer_decode_gemm2", &k2);
   if (st) return mj_model_fail(m, mj_fail_prefix(st, "moejit_moe_forward"));
   const void *x = a->x, *logits = a->logits, *bias = a->route_bias, *w1 = a->w1, *w2 = a->w2;
   void *h = AT(a->workspace, l->h), *out = a->out, *part = AT(a->workspace, l->xs_y);
@@ -340,7 +351,8 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   const unsigned block[3] = {MJ_GEMV_WARPS * 32u, 1, 1};
   const unsigned grid1[3] = {decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS)), 1, 1};
   const unsigned grid2[3] = {decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS)), 1, 1};
-  void *p1[] = {&logits, &bias, &x, &w1, &h, &ids, &weights, &tokens, &counters};
+  int prefetch = decode_prefetch(m, active);
+  void *p1[] = {&logits, &bias, &x, &w1, &h, &ids, &weights, &tokens, &counters, &w2, &prefetch};
   void *p2[] = {&h, &w2, &ids, &weights, &tokens, &out, &part, &counters};
   st = moejit_kernel_launch(m->ctx, k1, grid1, block, 0, stream, p1);
   if (!st) st = moejit_kernel_launch(m->ctx, k2, grid2, block, 0, stream, p2);

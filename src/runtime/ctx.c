@@ -153,6 +153,10 @@ int mj_ctx_sm_count(const moejit_ctx *ctx) {
   return ctx && ctx->info.sm_count > 0 ? ctx->info.sm_count : 1;
 }
 
+int mj_ctx_l2_bytes(const moejit_ctx *ctx) {
+  return ctx && ctx->info.l2_bytes > 0 ? ctx->info.l2_bytes : 0;
+}
+
 unsigned long mj_ctx_module_loads(moejit_ctx *ctx) {
   return ctx ? atomic_load(&ctx->module_loads) : 0;
 }

@@ -28,6 +28,8 @@ moejit_status mj_ctx_limits(moejit_ctx *ctx, mj_device_limits *out);
 const char *mj_ctx_arch(const moejit_ctx *ctx);
 /* The device's multiprocessor count (1 when unknown). */
 int mj_ctx_sm_count(const moejit_ctx *ctx);
+/* The device's L2 cache bytes (0 when unknown). */
+int mj_ctx_l2_bytes(const moejit_ctx *ctx);
 /* How many clusters of cluster_x CTAs of `kernel` (block, smem dynamic
  * shared bytes) can be resident on the device at once, from
  * cuOccupancyMaxActiveClusters, cached per kernel; 0 when unknown (old

@@ -41,6 +41,23 @@ __device__ __forceinline__ uint4 mj_ld_stream(const void *p) {
   return v;
 }
 
+// The same load with the L2 policy `policy` (mj_l2_evict_first): weights
+// streamed once leave L2 first, so lines kept for later (the decode layer's
+// prefetched W2) stay.
+__device__ __forceinline__ uint4 mj_ld_stream(const void *p, unsigned long long policy) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "l"(policy));
+  return v;
+}
+
+__device__ __forceinline__ unsigned long long mj_l2_evict_first() {
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 // The 8 fp16/bf16 elements of a 16-byte chunk as floats.
 template <typename T> __device__ __forceinline__ void mj_unpack8(const uint4 &v, float (&f)[8]) {
   const unsigned w[4] = {v.x, v.y, v.z, v.w};
@@ -91,6 +108,9 @@ template <typename AT, int K> struct mj_gemv_rows_contig {
     return a + (long long)(row0 + (r < rows ? r : rows - 1)) * K;
   }
   __device__ __forceinline__ int out_row(int r) const { return row0 + r; }
+  __device__ __forceinline__ uint4 load(int r, int off) const {
+    return __ldg(reinterpret_cast<const uint4 *>(a_row(r) + off));
+  }
 };
 
 // DIV: entries per A row (kTopK where A is x [T, d]; 1 where A has a row
@@ -105,13 +125,17 @@ template <typename AT, int K, int DIV> struct mj_gemv_rows_entries {
   __device__ __forceinline__ const AT *a_row(int r) const {
     return x + (long long)(out_row(r) / DIV) * K;
   }
+  __device__ __forceinline__ uint4 load(int r, int off) const {
+    return __ldg(reinterpret_cast<const uint4 *>(a_row(r) + off));
+  }
 };
 
 // acc[n][r] = lane's part of w[n] . (row r of the map) over K. Weight chunks
 // of kBatch iterations are all in flight before the first multiply.
-template <typename AT, typename WT, int K, int NW, int R, class Rows>
+template <typename AT, typename WT, int K, int NW, int R, bool kEvictFirst = false, class Rows>
 __device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const Rows &map,
                                             float (&acc)[NW][R]) {
+  const unsigned long long policy = kEvictFirst ? mj_l2_evict_first() : 0ull;
   constexpr int kChunks = K / 8;
   constexpr int kIters = (kChunks + 31) / 32;
   constexpr int kBatch = kIters < (R <= 2 ? 4 : 2) ? kIters : (R <= 2 ? 4 : 2);
@@ -128,7 +152,9 @@ __device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const Rows
       const int c = lane + 32 * (i0 + b);
       const bool ok = i0 + b < kIters && (kChunks % 32 == 0 || c < kChunks);
 #pragma unroll
-      for (int n = 0; n < NW; ++n) wv[b][n] = ok ? mj_ld_stream(w[n] + c * 8) : make_uint4(0, 0, 0, 0);
+      for (int n = 0; n < NW; ++n)
+        wv[b][n] = !ok ? make_uint4(0, 0, 0, 0)
+                       : kEvictFirst ? mj_ld_stream(w[n] + c * 8, policy) : mj_ld_stream(w[n] + c * 8);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -137,7 +163,7 @@ __device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const Rows
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float af[8];
-        mj_unpack8<AT>(__ldg(reinterpret_cast<const uint4 *>(map.a_row(r) + c * 8)), af);
+        mj_unpack8<AT>(map.load(r, c * 8), af);
 #pragma unroll
         for (int n = 0; n < NW; ++n) {
           float wf[8];
@@ -215,14 +241,22 @@ __device__ __forceinline__ int mj_decode_experts(const int *ids, int entries, in
   return *count;
 }
 
-// The persistent loop of decode GEMM 1: unit u = (active expert u / groups,
-// column group u % groups), spread as mj_gemv_for_each spreads them.
-template <class Unit>
+// The persistent loop of the decode GEMMs: unit u = (active expert u /
+// groups, column group u % groups), spread as mj_gemv_for_each spreads
+// them. hook.before(list, active) runs first, hook.after(list, active) when
+// the warp has no unit left.
+struct mj_decode_no_hook {
+  __device__ __forceinline__ void before(const int *, int) const {}
+  __device__ __forceinline__ void after(const int *, int) const {}
+};
+
+template <class Unit, class Hook = mj_decode_no_hook>
 __device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, int groups,
-                                                   const Unit &unit) {
+                                                   const Unit &unit, const Hook &hook = Hook()) {
   __shared__ int list[kGemvPassRows], rows[kGemvPassRows], count;
   __shared__ unsigned packed[kGemvPassRows];
   const int active = mj_decode_experts(ids, entries, list, packed, rows, &count);
+  hook.before(list, active);
   const int units = active * groups;
   const int stride = gridDim.x * kGemvWarps;
 #pragma unroll 1
@@ -233,6 +267,23 @@ __device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, 
     else if (n == 2) unit.template run<2>(list[a], g, p, n);
     else if (n <= 4) unit.template run<4>(list[a], g, p, n);
     else unit.template run<8>(list[a], g, p, n);
+  }
+  hook.after(list, active);
+}
+
+// Pulls the W2 rows of the active experts into L2 (evict_last), one
+// 128-byte line per thread and step over the whole grid: the decode layer's
+// GEMM 2 then reads them from L2 while GEMM 1's weights stream past.
+template <typename WT>
+__device__ __forceinline__ void mj_prefetch_experts_l2(const WT *w, long long expert_elems,
+                                                       const int *list, int active) {
+  const long long lines = (expert_elems * (long long)sizeof(WT) + 127) / 128;
+  const long long total = lines * active, step = (long long)gridDim.x * blockDim.x;
+#pragma unroll 1
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+    const long long a = i / lines, l = i - a * lines;
+    const char *p = reinterpret_cast<const char *>(w + list[a] * expert_elems) + l * 128;
+    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
   }
 }
 
