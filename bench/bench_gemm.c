@@ -210,8 +210,13 @@ typedef struct gemm_run {
 static int launch_ours(void *state, int set, char *why) {
   const gemm_run *r = state;
   io_set *io = &r->sets[set];
-  moejit_gemm_args a = {r->which == 1 ? io->x : io->h, r->w, r->which == 1 ? io->h : io->y,
-                        io->offsets, r->which == 2 ? io->scale : NULL, r->rows, r->path};
+  moejit_gemm_args a = {.a = r->which == 1 ? io->x : io->h,
+                        .w = r->w,
+                        .out = r->which == 1 ? io->h : io->y,
+                        .expert_offsets = io->offsets,
+                        .row_scale = r->which == 2 ? io->scale : NULL,
+                        .max_rows = r->rows,
+                        .path = r->path};
   moejit_status st = r->which == 1 ? moejit_gemm1_swiglu(r->ctx, r->s, &a, r->stream)
                                    : moejit_gemm2(r->ctx, r->s, &a, r->stream);
   if (st == MOEJIT_OK) return 0;
@@ -639,7 +644,8 @@ static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path) {
   CHECK(moejit_memcpy_htod(ctx, dw, w, sizeof w, NULL));
   CHECK(moejit_memcpy_htod(ctx, doff, off, sizeof off, NULL));
   CHECK(moejit_memset_d32(ctx, dout, 0xffffffffu, sizeof out / 4, NULL));
-  moejit_gemm_args args = {da, dw, dout, doff, NULL, M, path};
+  moejit_gemm_args args = {
+      .a = da, .w = dw, .out = dout, .expert_offsets = doff, .max_rows = M, .path = path};
   moejit_status st = which == 1 ? moejit_gemm1_swiglu(ctx, &s, &args, NULL) : moejit_gemm2(ctx, &s, &args, NULL);
   int bad = 0;
   if (st == MOEJIT_ERR_UNSUPPORTED) {

@@ -16,6 +16,8 @@
 // is a 64 x 128-B-row tile for decode) take (TMA map of A, TMA map of W1, h,
 // offsets, max_rows); their B tile is the gate box then the up box of the
 // same h columns, so acc columns j and j + kTN/2 pair up in one thread.
+// moejit_gemm1_swiglu_wgmma_gather (the spec tile, A rows gathered from x)
+// takes (TMA map of W1, x, a_index, a_div, x_rows, h, offsets, max_rows).
 // moejit_gemm1_swiglu_gemv (decode: weight streaming) takes what mma takes;
 // moejit_layer_decode_gemm1 (the decode layer's first launch: routing
 // included, rows read from x) takes (logits, bias, x, W1, h, topk_ids,
@@ -250,9 +252,12 @@ moejit_layer_decode_gemm1(const logits_t *__restrict__ logits, const float *__re
 typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts, kSchedule> Gemm1Wg;
 typedef mj_wg_narrow<kExperts> Gemm1WgNarrow;
 
-template <class S, int CM>
+// gather (kGather): A rows from x by index (common/gemm_wgmma.cuh,
+// mj_wg_produce_gather) instead of the TMA map ta of a permuted copy.
+template <class S, int CM, bool kGather = false, class Gather = int>
 __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ h,
-                                               const int *__restrict__ offsets, int max_rows) {
+                                               const int *__restrict__ offsets, int max_rows,
+                                               const Gather *gather = nullptr) {
 #if MJ_WGMMA_AVAILABLE
   if constexpr (!kG1Mma || !S::kFits) {
     __trap(); // the host launches another entry for these dtypes/tiles
@@ -265,9 +270,7 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
       *gate = t.expert * 2 * kExpertWidth + t.n_tile * kHalf;
       *up = *gate + kExpertWidth;
     };
-    mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM>(
-        ta, tw, offsets, max_rows, kNTiles, w_rows,
-        [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
+    const auto epi = [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
           const int h_col0 = t.n_tile * kHalf;
 #pragma unroll
           for (int mb = 0; mb < S::kMB; ++mb) {
@@ -286,7 +289,13 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
               }
             }
           }
-        });
+        };
+    if constexpr (kGather)
+      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM, decltype(w_rows), decltype(epi), true>(
+          ta, tw, offsets, max_rows, kNTiles, w_rows, epi, gather);
+    else
+      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM>(ta, tw, offsets, max_rows, kNTiles, w_rows,
+                                                                 epi);
   }
 #else
   __trap(); // not an sm_90a build
@@ -297,6 +306,21 @@ extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_clust
 moejit_gemm1_swiglu_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                           act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
   mj_gemm1_wgmma<Gemm1Wg, kWgCluster>(&tmap_a, &tmap_w, h, offsets, max_rows);
+}
+
+// The spec tile reading A rows of x in place: row r of A is x row
+// a_index[r] / a_div (< 0, or at or past x_rows: zeros); the layer passes
+// align's sorted_slot and top_k, so the permuted copy of x is never made.
+extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
+moejit_gemm1_swiglu_wgmma_gather(const __grid_constant__ mj_tmap tmap_w, const act_t *__restrict__ x,
+                                 const int *__restrict__ a_index, int a_div, int x_rows, act_t *__restrict__ h,
+                                 const int *__restrict__ offsets, int max_rows) {
+#if MJ_WGMMA_AVAILABLE
+  const mj_wg_gather_src<act_t> g = {x, a_index, a_div, x_rows};
+  mj_gemm1_wgmma<Gemm1Wg, kWgCluster, true>(nullptr, &tmap_w, h, offsets, max_rows, &g);
+#else
+  __trap(); // not an sm_90a build
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(Gemm1WgNarrow::kThreads, 1)

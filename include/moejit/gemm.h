@@ -88,6 +88,16 @@ typedef struct moejit_gemm_args {
   int64_t max_rows;               /* rows the buffers hold, 0 .. INT32_MAX; 0 launches
                                      nothing */
   moejit_gemm_path path;          /* 0 (AUTO) unless testing */
+  /* gemm1 only, optional: gather the A rows instead of reading `a` in row
+   * order. Row r of A is then row a_index[r] / a_index_div of `a` (which
+   * holds a_rows rows of K); a negative index, or one whose row is at or
+   * past a_rows, is a row of zeros. [max_rows] int32, 4-byte aligned; NULL:
+   * no gather. The layer passes x, align's sorted_slot and top_k, so the
+   * permuted copy of x is never written. Runs on the WGMMA path with the
+   * spec's tile (AUTO: where it would pick that); else UNSUPPORTED. */
+  const int32_t *a_index;
+  int32_t a_index_div;            /* 1 or more; 0 counts as 1 */
+  int64_t a_rows;                 /* rows of `a` when gathering, 1 .. INT32_MAX */
 } moejit_gemm_args;
 
 /* The name of a moejit_gemm_path: "auto", "mma", "simt", "wgmma", "gemv"; "?" for

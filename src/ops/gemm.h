@@ -25,6 +25,7 @@ typedef struct mj_gemm_plan {
   int wg_stages;          /* pipeline depth the kernel derives */
   int wg_cluster;         /* CTAs per cluster along M (1, or 2: weight tiles multicast) */
   int wg_pingpong;        /* 1: two consumer warpgroups alternate whole tiles */
+  int wg_narrow;          /* 1: the narrow 64 x 128 decode tile, not the spec's */
   int64_t w_rows;         /* rows of the W tensor map: E * 2f (gemm1) or E * d */
   int use_gemv;           /* 1: the weight-streaming decode entry (persistent grid:
                              the launcher caps `grid` at MJ_GEMV_BLOCKS_PER_SM per SM) */

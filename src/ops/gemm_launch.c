@@ -3,6 +3,7 @@
  * one launch. No sync, no alloc. */
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/common.h"
 #include "ops/gemm.h"
@@ -29,6 +30,19 @@ static moejit_status check_args(int which, const moejit_spec *spec, const moejit
       (st = check_ptr(op, "expert_offsets", a->expert_offsets, 4)))
     return st;
   if (which == 2 && a->row_scale && (st = check_ptr(op, "row_scale", a->row_scale, 4))) return st;
+  if (a->a_index) {
+    if (which != 1)
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                     "%s: args->a_index is set; only GEMM 1 gathers its rows", op);
+    if ((st = check_ptr(op, "a_index", a->a_index, 4))) return st;
+    if (a->a_index_div < 0)
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: args->a_index_div = %d is negative", op,
+                     (int)a->a_index_div);
+    if (a->a_rows < 1 || a->a_rows > INT32_MAX)
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                     "%s: args->a_rows = %lld is outside 1..%d (the rows of a when gathering)",
+                     op, (long long)a->a_rows, INT32_MAX);
+  }
   if (a->max_rows < 0 || a->max_rows > INT32_MAX)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "%s: args->max_rows = %lld is outside 0..%d (row indices are int32)", op,
@@ -78,8 +92,11 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
   /* the driver validates the maps against the current context's device */
   moejit_status st = mj_ctx_enter(ctx);
   if (st) return st;
-  st = encode_map(op, "a", &map_a, spec->act_dtype, args->a, args->max_rows, plan->k,
-                  plan->wg_box_a_rows);
+  if (!args->a_index)
+    st = encode_map(op, "a", &map_a, spec->act_dtype, args->a, args->max_rows, plan->k,
+                    plan->wg_box_a_rows);
+  else
+    memset(&map_a, 0, sizeof map_a); /* A comes by cp.async from the index */
   if (!st)
     st = encode_map(op, "w", &map_w, spec->weight_dtype, args->w, plan->w_rows, plan->k,
                     plan->wg_box_w_rows);
@@ -89,8 +106,12 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
   const int32_t *offsets = args->expert_offsets;
   const float *scale = args->row_scale;
   int max_rows = (int)args->max_rows;
+  const void *x = args->a;
+  const int32_t *a_index = args->a_index;
+  int a_div = args->a_index_div > 0 ? args->a_index_div : 1, x_rows = (int)args->a_rows;
   void *params1[] = {&map_a, &map_w, &out, &offsets, &max_rows};
   void *params2[] = {&map_a, &map_w, &out, &offsets, &scale, &max_rows};
+  void *gather[] = {&map_w, &x, &a_index, &a_div, &x_rows, &out, &offsets, &max_rows};
   /* persistent: one CTA per SM (the pipeline fills the SM's shared memory),
    * never more CTAs than tiles the rows could make */
   const unsigned block[3] = {plan->threads, 1, 1};
@@ -103,7 +124,7 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
   }
   const unsigned grid[3] = {want < sms ? want : sms, 1, 1};
   return moejit_kernel_launch(ctx, kernel, grid, block, plan->smem_bytes, stream,
-                       which == 1 ? params1 : params2);
+                              args->a_index ? gather : which == 1 ? params1 : params2);
 }
 
 static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *spec,
@@ -118,11 +139,19 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   if ((st = mj_gemm_plan_make_for(spec, which, args->path, args->max_rows, mj_ctx_arch(ctx),
                                    &plan)))
     return mj_ctx_fail(ctx, st);
+  if (args->a_index && (!plan.use_wgmma || plan.wg_narrow))
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                     "moejit_gemm1_swiglu: args->a_index (gathered A rows) needs the wgmma "
+                     "kernel with the spec's tile; this launch would run %s; HINT: leave "
+                     "a_index NULL and pass the rows in order",
+                     plan.entry));
   /* the kernel handle carries its launch limits: no lookup by CUfunction */
   moejit_kernel *kernel;
   moejit_spec scratch;
   const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, &plan, &scratch);
-  if ((st = moejit_ctx_get_kernel(ctx, kspec, plan.family, plan.entry, &kernel)))
+  const char *entry = args->a_index ? "moejit_gemm1_swiglu_wgmma_gather" : plan.entry;
+  if ((st = moejit_ctx_get_kernel(ctx, kspec, plan.family, entry, &kernel)))
     return mj_ctx_fail(ctx, st);
   if (plan.use_wgmma) {
     st = launch_wgmma(which, ctx, spec, args, &plan, kernel, stream);

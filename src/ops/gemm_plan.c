@@ -270,6 +270,7 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   const int pp = !narrow && g->schedule == MOEJIT_SCHEDULE_PINGPONG;
   int consumers = pp || tm >= 128 ? 2 : 1, stage_bytes = (tm + tn) * 128;
   p->use_wgmma = 1;
+  p->wg_narrow = narrow;
   p->tile_m = tm, p->tile_n = tn;
   p->threads = 128u * (unsigned)(1 + consumers);
   p->warps_m = pp ? 1 : consumers, p->warps_n = 1, p->warps_k = 1;

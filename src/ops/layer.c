@@ -219,15 +219,26 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
 
 #define AT(base, off) ((void *)((char *)(base) + (off)))
 
+/* 1 when GEMM 1 reads its rows from x through align's sorted_slot (the
+ * wgmma kernel with the spec's tile: templates/gemm1.cu,
+ * moejit_gemm1_swiglu_wgmma_gather) rather than from the permuted copy xs,
+ * which align then does not write. $MOEJIT_GEMM1_GATHER=0 turns it off. */
+static int gemm1_gathers(const mj_gemm_choice *c) {
+  if (!c->plan.use_wgmma || c->plan.wg_narrow) return 0;
+  const char *env = getenv("MOEJIT_GEMM1_GATHER");
+  return !(env && !strcmp(env, "0"));
+}
+
 /* Align, the two GEMMs and combine, routing given (ids, weights). */
 static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const void *x,
                                     const int32_t *ids, const float *weights, const void *w1,
                                     const void *w2, void *out, void *ws, const ws_layout *l,
                                     const gemm_choices *c, moejit_stream stream) {
+  const int gather = gemm1_gathers(&c->gemm[0]);
   moejit_align_args g = {.tokens = tokens,
                          .topk_ids = ids,
-                         .x = x,
-                         .xs = AT(ws, l->xs_y),
+                         .x = gather ? NULL : x,
+                         .xs = gather ? NULL : AT(ws, l->xs_y),
                          .expert_counts = AT(ws, l->counts),
                          .expert_offsets = AT(ws, l->offsets),
                          .sorted_slot = AT(ws, l->sorted_slot),
@@ -241,12 +252,15 @@ static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const
   if (st) return st;
   const int32_t *offsets = AT(ws, l->offsets);
   const int64_t rows = tokens * m->spec.top_k;
-  moejit_gemm_args g1 = {.a = AT(ws, l->xs_y),
+  moejit_gemm_args g1 = {.a = gather ? x : AT(ws, l->xs_y),
                          .w = w1,
                          .out = AT(ws, l->h),
                          .expert_offsets = offsets,
                          .max_rows = rows,
-                         .path = c->gemm[0].path};
+                         .path = c->gemm[0].path,
+                         .a_index = gather ? (const int32_t *)AT(ws, l->sorted_slot) : NULL,
+                         .a_index_div = (int32_t)m->spec.top_k,
+                         .a_rows = tokens};
   if ((st = moejit_gemm1_swiglu(m->ctx, c->gemm[0].spec, &g1, stream))) return st;
   moejit_gemm_args g2 = {.a = AT(ws, l->h),
                          .w = w2,

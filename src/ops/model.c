@@ -144,12 +144,20 @@ static moejit_status warm_add(warm_list *w, const moejit_spec *spec, const char 
   return MOEJIT_OK;
 }
 
-/* The exact (spec, family, entry) the launcher looks up for `plan`. */
+/* The exact (spec, family, entry) the launcher looks up for `plan`, and the
+ * layer's other entries of that module: with a GEMV plan the decode
+ * layer's, with GEMM 1's spec-tile wgmma plan its gathering twin. */
 static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
                                const mj_gemm_plan *plan, const char *what) {
   moejit_spec scratch;
   const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, plan, &scratch);
-  return warm_add(w, kspec, plan->family, plan->entry, what);
+  moejit_status st = warm_add(w, kspec, plan->family, plan->entry, what);
+  if (!st && plan->use_gemv)
+    st = warm_add(w, kspec, plan->family,
+                  which == 1 ? "moejit_layer_decode_gemm1" : "moejit_layer_decode_gemm2", what);
+  if (!st && which == 1 && plan->use_wgmma && !plan->wg_narrow)
+    st = warm_add(w, kspec, plan->family, "moejit_gemm1_swiglu_wgmma_gather", what);
+  return st;
 }
 
 /* Every entry the GEMM launchers may pick: the heuristic's (spec + AUTO:

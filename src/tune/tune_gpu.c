@@ -175,7 +175,12 @@ static void gpu_close(void *state, const mj_tune_group *grp) {
 static moejit_status launch(gpu *g, const mj_tune_group *grp, const moejit_spec *spec,
                             moejit_gemm_path path, int set) {
   const io_set *s = &g->sets[set];
-  moejit_gemm_args a = {s->a, s->w ? s->w : g->w, s->out, s->offsets, NULL, grp->rows, path};
+  moejit_gemm_args a = {.a = s->a,
+                        .w = s->w ? s->w : g->w,
+                        .out = s->out,
+                        .expert_offsets = s->offsets,
+                        .max_rows = grp->rows,
+                        .path = path};
   return grp->which == 1 ? moejit_gemm1_swiglu(g->ctx, spec, &a, g->stream)
                          : moejit_gemm2(g->ctx, spec, &a, g->stream);
 }

@@ -372,6 +372,126 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
   }
 }
 
+// ---- the gathering producer (GEMM 1 reading x rows in place) --------------
+// A rows come from `x` by index instead of from a permuted copy: tile row r
+// (rows [row0, row_end) of the permuted order) is x row index[row0 + r] /
+// div; a negative index, one at or past x_rows, or a row past row_end is a
+// row of zeros. The whole producer warpgroup copies A with cp.async, 16
+// bytes per thread and row (thread t: 16-byte chunk t % 8 of rows t / 8 +
+// 16 i), into the layout TMA's 128-byte swizzle gives (chunk c of row r at
+// r * 128 + (c ^ r % 8) * 16), so the consumers cannot tell the two apart;
+// thread 0 still loads B by TMA. cp.async writes through the generic proxy
+// and wgmma reads through the async one, so a stage is handed over only
+// after the thread's copies landed and a proxy fence: each thread keeps
+// mj_wg_gather_lag stages of copies in flight, then waits for the oldest,
+// fences and arrives on its full barrier (which expects 1 + 128 arrivals).
+// The lag stays below kStages - 1: a consumer waiting on stage n still
+// holds stage n - 1, so the producer can run at most kStages - 2 ahead.
+template <typename T> struct mj_wg_gather_src {
+  const T *x;
+  const int *index;
+  int div, x_rows;
+};
+
+template <class S> __host__ __device__ constexpr int mj_wg_gather_lag() {
+  return S::kStages - 2 < 0 ? 0 : (S::kStages - 2 > 3 ? 3 : S::kStages - 2);
+}
+
+// The gathering producer's position: stages issued, for the lagged arrivals.
+struct mj_wg_gather_state {
+  int issued = 0;
+};
+
+template <class S>
+__device__ __forceinline__ void mj_wg_gather_arrive(const mj_wg_smem<S> &sm, int slot) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  mj_mbar_arrive(sm.full + slot * 8);
+}
+
+// Rows of this thread in a tile (thread t: rows t / 8 + 16 i): their index
+// values as loaded (-1 past the tile's rows), not yet used, so the loads
+// stay in flight until the tile starts.
+template <class S> struct mj_wg_gather_rows {
+  static constexpr int kRows = S::kTM / 16;
+  int index[kRows];
+};
+
+template <class S, typename T>
+__device__ __forceinline__ void mj_wg_gather_index(const mj_wg_gather_src<T> &g, const mj_gemm_tile &t,
+                                                   mj_wg_gather_rows<S> &rows) {
+  const int r0 = (threadIdx.x & 127) >> 3;
+#pragma unroll
+  for (int i = 0; i < mj_wg_gather_rows<S>::kRows; ++i) {
+    const int row = t.row0 + r0 + 16 * i;
+    rows.index[i] = row < t.row_end ? __ldg(g.index + row) : -1;
+  }
+}
+
+// One tile's k-tiles. `rows` holds this tile's x rows; once the first stage
+// is issued (with one k-tile: before it), `next` (when has_next) gets the
+// next tile's, so their index loads are in flight while this tile streams.
+template <class S, int K, bool kSplitB, int CM, typename T>
+__device__ __forceinline__ void mj_wg_produce_gather(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
+                                                     mj_wg_gather_state &gs, const mj_wg_gather_src<T> &g,
+                                                     const mj_tmap *tw, const mj_wg_gather_rows<S> &rows,
+                                                     int w_row0, int w_row1, unsigned rank, bool has_next,
+                                                     const mj_gemm_tile &t_next, mj_wg_gather_rows<S> &next) {
+  constexpr int kTiles = (K + 63) / 64;
+  constexpr int kRows = mj_wg_gather_rows<S>::kRows;
+  const int tid = threadIdx.x & 127, chunk = tid & 7, r0 = tid >> 3;
+  int src[kRows]; // x row of each of this thread's rows, -1: zeros
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int xr = rows.index[i] < 0 ? -1 : rows.index[i] / g.div;
+    src[i] = xr < g.x_rows ? xr : -1;
+  }
+#pragma unroll 1
+  for (int kt = 0; kt < kTiles; ++kt) {
+    const unsigned full = sm.full + ring.s * 8;
+    if (kt == (kTiles > 1 ? 1 : 0) && has_next) mj_wg_gather_index<S, T>(g, t_next, next);
+    mj_mbar_wait(sm.empty + ring.s * 8, ring.phase ^ 1u); // consumers are done with this stage
+    const int k0 = kt * 64;
+    if (tid == 0) {
+      mj_mbar_expect_tx(full, S::kStageB);
+      const unsigned b = sm.b + ring.s * S::kStageB;
+      if constexpr (CM == 2) {
+        const int row = kSplitB ? (rank == 0 ? w_row0 : w_row1) : w_row0 + (int)rank * (S::kTN / 2);
+        mj_tma_load_2d_multicast(b + rank * (S::kStageB / 2), tw, k0, row, full, (unsigned short)3);
+      } else if constexpr (kSplitB) {
+        mj_tma_load_2d(b, tw, k0, w_row0, full);
+        mj_tma_load_2d(b + S::kStageB / 2, tw, k0, w_row1, full);
+      } else {
+        mj_tma_load_2d(b, tw, k0, w_row0, full);
+      }
+    }
+    const unsigned a = sm.a + ring.s * S::kStageA;
+    const int col = k0 + chunk * 8;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = r0 + 16 * i;
+      const bool ok = src[i] >= 0 && col < K;
+      mj_cp_async16(a + r * 128 + ((chunk ^ (r & 7)) << 4), ok ? g.x + (long long)src[i] * K + col : g.x, ok);
+    }
+    mj_cp_async_commit();
+    constexpr int kLag = mj_wg_gather_lag<S>();
+    if (++gs.issued > kLag) { // the stage kLag back has landed: hand it over
+      mj_cp_async_wait<kLag>();
+      mj_wg_gather_arrive<S>(sm, (ring.s + S::kStages - kLag) % S::kStages);
+    }
+    ring.next<S>();
+  }
+}
+
+// Hands over the stages still in flight, oldest first (the end of the work).
+template <class S>
+__device__ __forceinline__ void mj_wg_gather_flush(const mj_wg_smem<S> &sm, const mj_wg_ring &ring,
+                                                   const mj_wg_gather_state &gs) {
+  mj_cp_async_wait<0>();
+  constexpr int kLag = mj_wg_gather_lag<S>();
+  const int pending = gs.issued < kLag ? gs.issued : kLag;
+  for (int j = pending; j >= 1; --j) mj_wg_gather_arrive<S>(sm, (ring.s + S::kStages - j) % S::kStages);
+}
+
 // Gives stage `stage` back: to this CTA's producer, or (CM = 2) to both
 // CTAs' producers, whose loads write into both.
 template <int CM> __device__ __forceinline__ void mj_wg_release(unsigned empty_bar) {
@@ -430,10 +550,10 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
 // (1 or 2) is the cluster size along M: the kernel entry must then carry
 // __cluster_dims__(CM, 1, 1) and the grid be a multiple of CM.
 template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, class WRows,
-          class Epi>
+          class Epi, bool kGather = false>
 __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, const int *offsets,
                                            int max_rows, int n_tiles, const WRows &w_rows,
-                                           const Epi &epi) {
+                                           const Epi &epi, const mj_wg_gather_src<T> *gather = nullptr) {
   static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
   const mj_wg_smem<S> sm(mj_smem_u32(mj_gemm_smem));
   int *table = reinterpret_cast<int *>(mj_gemm_smem + (sm.table - mj_smem_u32(mj_gemm_smem)));
@@ -441,7 +561,8 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
   if (threadIdx.x == 32) {
 #pragma unroll 1
     for (int s = 0; s < S::kStages; ++s) {
-      mj_mbar_init(sm.full + s * 8, 1);                        // the producer's expect_tx
+      // the producer's expect_tx (gathering: and each producer thread's copies)
+      mj_mbar_init(sm.full + s * 8, kGather ? 1 + 128 : 1);
       // each consumer warp of the cluster that reads the stage (ping-pong: one warpgroup)
       mj_mbar_init(sm.empty + s * 8, 4 * (S::kPingPong ? 1 : S::kConsumers) * CM);
     }
@@ -464,15 +585,40 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
   mj_wg_ring ring;
   if (wg == 0) {
     if constexpr (S::kConsumers == 2) mj_setmaxnreg_dec<40>();
-    if (threadIdx.x != 0) return;
-    mj_tma_prefetch(ta);
-    mj_tma_prefetch(tw);
+    if constexpr (kGather) {
+      if (threadIdx.x == 0) mj_tma_prefetch(tw);
+      mj_wg_gather_state gs;
+      mj_wg_gather_rows<S> cur, nxt;
+      mj_gemm_tile t = {};
+      if (first < items) {
+        t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, first, rank);
+        mj_wg_gather_index<S, T>(*gather, t, cur);
+      }
 #pragma unroll 1
-    for (int w = first; w < items; w += stride) {
-      const mj_gemm_tile t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
-      int w_row0, w_row1;
-      w_rows(t, &w_row0, &w_row1);
-      mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, w_row0, w_row1, rank);
+      for (int w = first; w < items; w += stride) {
+        const bool has_next = w + stride < items;
+        const mj_gemm_tile t_next =
+            has_next ? mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w + stride, rank)
+                     : t;
+        int w_row0, w_row1;
+        w_rows(t, &w_row0, &w_row1);
+        mj_wg_produce_gather<S, K, kSplitB, CM, T>(sm, ring, gs, *gather, tw, cur, w_row0, w_row1, rank,
+                                                   has_next, t_next, nxt);
+        t = t_next;
+        cur = nxt;
+      }
+      mj_wg_gather_flush<S>(sm, ring, gs);
+    } else {
+      if (threadIdx.x != 0) return;
+      mj_tma_prefetch(ta);
+      mj_tma_prefetch(tw);
+#pragma unroll 1
+      for (int w = first; w < items; w += stride) {
+        const mj_gemm_tile t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
+        int w_row0, w_row1;
+        w_rows(t, &w_row0, &w_row1);
+        mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, w_row0, w_row1, rank);
+      }
     }
   } else {
     if constexpr (S::kConsumers == 2) mj_setmaxnreg_inc<232>();

@@ -438,7 +438,9 @@ Test(gemm, argument_checks) {
   void *buf = dev_upload(ctx, NULL, 1 << 20);
   int32_t off[6] = {0, 1, 2, 3, 4, 5};
   void *doff = dev_upload(ctx, off, sizeof off);
-  moejit_gemm_args ok = {buf, buf, buf, doff, NULL, 5, MOEJIT_GEMM_PATH_AUTO}, a;
+  moejit_gemm_args ok = {.a = buf, .w = buf, .out = buf, .expert_offsets = doff, .max_rows = 5,
+                         .path = MOEJIT_GEMM_PATH_AUTO},
+                   a;
   cr_assert_eq(moejit_gemm1_swiglu(NULL, &s, &ok, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
   cr_assert_eq(moejit_gemm1_swiglu(ctx, NULL, &ok, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
   cr_assert_eq(moejit_gemm2(ctx, &s, NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
@@ -477,6 +479,134 @@ Test(gemm, argument_checks) {
   cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL),
                ctx_is_sm90a(ctx) ? MOEJIT_OK : MOEJIT_ERR_UNSUPPORTED, "%s", moejit_last_error());
   cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
+  moejit_mem_free(ctx, buf, NULL);
+  moejit_mem_free(ctx, doff, NULL);
+  moejit_ctx_destroy(ctx);
+}
+
+/* ---- GEMM 1 gathering its rows (args.a_index) ------------------------------------ */
+
+/* Row r of A = x[index[r] / div], zeros where the index is negative or its
+ * row is at or past x_rows. */
+static void gather_rows(const void *x, int64_t x_rows, const int32_t *index, int div, int64_t rows,
+                        int64_t k, size_t esz, void *a) {
+  for (int64_t r = 0; r < rows; r++) {
+    char *dst = (char *)a + (size_t)(r * k) * esz;
+    const int64_t xr = index[r] < 0 ? -1 : index[r] / div;
+    if (xr < 0 || xr >= x_rows) memset(dst, 0, (size_t)k * esz);
+    else memcpy(dst, (const char *)x + (size_t)(xr * k) * esz, (size_t)k * esz);
+  }
+}
+
+/* The gathering wgmma kernel against the same kernel on the permuted copy
+ * (bitwise: same rows, same math) and the float64 reference: uneven
+ * routing, rows past offsets[E] left alone, negative and out-of-range
+ * indices giving zero rows. */
+static void run_gather(moejit_ctx *ctx, const moejit_spec *s, int div, const char *what) {
+  static const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
+  ts_rng r = ts_rng_fresh("test_gemm gather");
+  const int E = s->experts;
+  const int64_t k = s->hidden, f = s->expert_width, extra = 5;
+  const size_t esz = moejit_dtype_size(s->act_dtype);
+  int32_t off[9] = {0};
+  for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+  const int64_t rows = off[E], max_rows = rows + extra, x_rows = rows / div + 3;
+  int32_t *index = malloc(sizeof(int32_t) * (size_t)max_rows);
+  void *x = malloc((size_t)(x_rows * k) * esz), *a = malloc((size_t)(max_rows * k) * esz);
+  void *w = malloc((size_t)(E * 2 * f * k) * esz);
+  void *o1 = malloc((size_t)(max_rows * f) * esz), *o2 = malloc((size_t)(max_rows * f) * esz);
+  double *ref = malloc(sizeof(double) * (size_t)(max_rows * f));
+  cr_assert(index && x && a && w && o1 && o2 && ref);
+  fill_random(&r, s->act_dtype, x, (size_t)(x_rows * k), 1.0);
+  fill_random(&r, s->weight_dtype, w, (size_t)(E * 2 * f * k), 3.0 / sqrt((double)k));
+  for (int64_t i = 0; i < max_rows; i++) {
+    const uint64_t u = ts_next(&r) % 64;
+    index[i] = u == 0 ? -1 : u == 1 ? (int32_t)(x_rows * div + (int64_t)(u % 7)) /* past x */
+                                    : (int32_t)(ts_next(&r) % (uint64_t)(x_rows * div));
+  }
+  gather_rows(x, x_rows, index, div, max_rows, k, esz, a);
+  ref_gemm_problem p = {s->act_dtype, s->weight_dtype, a, w, off, NULL, E, k, f};
+  ref_gemm1_swiglu(&p, ref);
+  const size_t out_bytes = (size_t)(max_rows * f) * esz;
+  void *d_x = dev_upload(ctx, x, (size_t)(x_rows * k) * esz), *d_a = dev_upload(ctx, a, (size_t)(max_rows * k) * esz);
+  void *d_w = dev_upload(ctx, w, (size_t)(E * 2 * f * k) * esz), *d_out = dev_upload(ctx, NULL, out_bytes);
+  void *d_off = dev_upload(ctx, off, sizeof off), *d_idx = dev_upload(ctx, index, sizeof(int32_t) * (size_t)max_rows);
+  gemm_case c = {ctx, s, 1, MOEJIT_GEMM_PATH_WGMMA, counts, extra, 0, tol_of(s->act_dtype)};
+  gemm_io io = {.max_rows = max_rows, .n_out = f, .esz = esz};
+  setenv("MOEJIT_GEMM_WGMMA_NARROW", "0", 1);
+  moejit_gemm_args copy = {.a = d_a, .w = d_w, .out = d_out, .expert_offsets = d_off,
+                           .max_rows = max_rows, .path = MOEJIT_GEMM_PATH_WGMMA};
+  run_once(&c, &io, &copy, o1);
+  moejit_gemm_args gather = copy;
+  gather.a = d_x, gather.a_index = d_idx, gather.a_index_div = div, gather.a_rows = x_rows;
+  run_once(&c, &io, &gather, o2);
+  unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
+  const size_t valid = (size_t)(rows * f) * esz;
+  cr_expect(memcmp(o1, o2, out_bytes) == 0, "%s: gathered rows differ from the permuted copy's", what);
+  cr_expect(all_poison((char *)o2 + valid, out_bytes - valid), "%s: wrote rows past offsets[E]", what);
+  const double err = ref_gemm_rel_error(s->act_dtype, o2, ref, (size_t)(rows * f));
+  cr_expect(err <= c.tolerance, "%s: rel error %.3g", what, err);
+  void *bufs[] = {d_x, d_a, d_w, d_out, d_off, d_idx};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) moejit_mem_free(ctx, bufs[i], NULL);
+  free(index), free(x), free(a), free(w), free(o1), free(o2), free(ref);
+}
+
+Test(gemm, wgmma_gathers_rows) {
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
+  const struct {
+    moejit_gemm_cfg g;
+    void (*tweak)(moejit_gemm_cfg *);
+    int div;
+    const char *what;
+  } cases[] = {
+      {cfg(128, 256, 64, 4, 8, 0), NULL, 8, "128x256 cooperative, top-8 rows"},
+      {cfg(64, 256, 64, 4, 8, 1), pingpong, 2, "64x256 pingpong"},
+      {cfg(128, 128, 64, 4, 8, 0), pair_along_m, 1, "128x128 cluster pairs"},
+      {cfg(128, 128, 64, 2, 8, 0), NULL, 3, "two stages (no lag)"},
+      {cfg(64, 128, 64, 3, 8, 0), NULL, 4, "three stages"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    moejit_spec s = make_spec(1032, 200, 8, MOEJIT_DTYPE_BF16, cases[i].g);
+    if (cases[i].tweak) cases[i].tweak(&s.gemm1);
+    cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+    run_gather(ctx, &s, cases[i].div, cases[i].what);
+  }
+  moejit_spec h = make_spec(264, 200, 8, MOEJIT_DTYPE_FP16, cfg(128, 256, 64, 4, 8, 0));
+  run_gather(ctx, &h, 8, "fp16, K = 264");
+  moejit_spec one = make_spec(56, 200, 8, MOEJIT_DTYPE_BF16, cfg(128, 128, 64, 4, 8, 0));
+  run_gather(ctx, &one, 2, "K = 56: one k-tile per tile");
+  moejit_ctx_destroy(ctx);
+}
+
+/* Gathering is GEMM 1's, on the spec-tile wgmma kernel only. */
+Test(gemm, gather_argument_checks) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_spec s = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(128, 128, 64, 4, 8, 0));
+  void *buf = dev_upload(ctx, NULL, 1 << 20);
+  int32_t off[6] = {0, 1, 2, 3, 4, 5};
+  void *doff = dev_upload(ctx, off, sizeof off);
+  moejit_gemm_args ok = {.a = buf, .w = buf, .out = buf, .expert_offsets = doff, .max_rows = 5,
+                         .path = MOEJIT_GEMM_PATH_WGMMA, .a_index = buf, .a_index_div = 2,
+                         .a_rows = 3};
+  moejit_gemm_args a = ok;
+  cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "a_index"), "%s", moejit_last_error());
+  a = ok, a.a_index = (const int32_t *)((char *)buf + 2);
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = ok, a.a_rows = 0;
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "a_rows"), "%s", moejit_last_error());
+  a = ok, a.a_index_div = -1;
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a = ok, a.path = MOEJIT_GEMM_PATH_MMA;
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "a_index"), "%s", moejit_last_error());
+  if (ctx_is_sm90a(ctx)) {
+    setenv("MOEJIT_GEMM_WGMMA_NARROW", "1", 1);
+    a = ok;
+    cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
+    unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
+  }
   moejit_mem_free(ctx, buf, NULL);
   moejit_mem_free(ctx, doff, NULL);
   moejit_ctx_destroy(ctx);

@@ -477,6 +477,39 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
   }
 }
 
+/* ---- GEMM 1 reading x in place --------------------------------------------------- */
+
+/* Where GEMM 1 runs the wgmma spec tile it gathers its rows from x through
+ * align's sorted_slot and align skips the permuted copy: the output is the
+ * copy-based chain's to the bit ($MOEJIT_GEMM1_GATHER=0). */
+Test(layer, gemm1_gather_equals_the_permuted_copy) {
+  OPS_REQUIRE_GPU();
+  ts_rng rng = ts_rng_fresh("layer gather");
+  moejit_load_report r;
+  moejit_model *m = load("qwen3-30b-a3b", &r);
+  layer_io io;
+  io_make(&io, m, 2048, &rng);
+  const int64_t sizes[] = {256, 2048};
+  for (size_t i = 0; i < 2; i++) {
+    const int64_t t = sizes[i];
+    const size_t bytes = out_bytes(&io, t), nk = (size_t)t * 8;
+    void *gathered = malloc(bytes), *copied = malloc(bytes);
+    int32_t *ids = malloc(nk * 4);
+    float *w = malloc(nk * 4);
+    cr_assert(gathered && copied && ids && w);
+    run_eager(&io, t, NULL, gathered, ids, w);
+    check_output(&io, t, gathered, ids, w, &rng, "qwen3 (gathering GEMM 1)");
+    setenv("MOEJIT_GEMM1_GATHER", "0", 1);
+    run_eager(&io, t, NULL, copied, NULL, NULL);
+    unsetenv("MOEJIT_GEMM1_GATHER");
+    cr_assert(memcmp(gathered, copied, bytes) == 0, "T=%lld: gathered and copied rows differ",
+              (long long)t);
+    free(gathered), free(copied), free(ids), free(w);
+  }
+  io_free(&io);
+  moejit_model_destroy(m);
+}
+
 /* ---- refused arguments ----------------------------------------------------------- */
 
 static void expect_refused(const moejit_model *m, const moejit_moe_args *a, const char *field,

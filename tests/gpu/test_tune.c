@@ -61,7 +61,8 @@ static void entry_runs(moejit_ctx *ctx, const mj_tuned_entry *e, const moejit_sp
   void *dout = NULL;
   cr_assert_eq(moejit_mem_alloc(ctx, o_n * 2, NULL, &dout), MOEJIT_OK);
   cr_assert_eq(moejit_memset_d32(ctx, dout, 0xffffffffu, o_n / 2, NULL), MOEJIT_OK);
-  moejit_gemm_args args = {da, dw, dout, doff, NULL, rows, e->path};
+  moejit_gemm_args args = {
+      .a = da, .w = dw, .out = dout, .expert_offsets = doff, .max_rows = rows, .path = e->path};
   moejit_status st = which == 1 ? moejit_gemm1_swiglu(ctx, &spec, &args, NULL)
                                 : moejit_gemm2(ctx, &spec, &args, NULL);
   cr_assert_eq(st, MOEJIT_OK, "%s T=%lld on %s: %s", e->kernel, (long long)e->tokens,
