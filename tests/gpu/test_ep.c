@@ -1,7 +1,7 @@
 /* Expert parallelism on a GPU (docs/ep.md).
  *  - One rank, library calls: the expert-parallel forward (exact and fixed
  *    capacity, eager and graph-captured) gives bit for bit the single-GPU
- *    layer's output at T = 1, 37, 256, 4096; a capacity below T drops and
+ *    layer's output (its unfused chain) at T = 1, 37, 256, 4096; a capacity below T drops and
  *    counts exactly the tokens past it; a rank with T = 0 runs.
  *  - Bad options and arguments are refused before anything waits on a peer.
  *  - Several ranks (one process per GPU, through `moejit run --ep N`, which
@@ -138,8 +138,12 @@ static void *forward(one_rank *r, const moejit_model *m, const moejit_moe_args *
   return host;
 }
 
+/* The single-GPU layer here is its unfused chain: at T * k <= 8 its
+ * decode layer sums GEMM 2 and the combine in fp32 without rounding y, so
+ * it differs from the expert-parallel path in the last bits. */
 static void one_rank_bitwise(const int64_t *ts, size_t n_ts) {
   require_gpu_and_nccl();
+  setenv("MOEJIT_LAYER_DECODE", "0", 1);
   one_rank r;
   one_rank_make(&r, "qwen3-30b-a3b", ts[n_ts - 1]);
   moejit_stream stream;

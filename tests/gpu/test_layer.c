@@ -479,9 +479,9 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
 
 /* ---- GEMM 1 reading x in place --------------------------------------------------- */
 
-/* Where GEMM 1 runs the wgmma spec tile it gathers its rows from x through
- * align's sorted_slot and align skips the permuted copy: the output is the
- * copy-based chain's to the bit ($MOEJIT_GEMM1_GATHER=0). */
+/* Where GEMM 1 gathers its rows from x through align's sorted_slot (forced
+ * on with $MOEJIT_GEMM1_GATHER=1) and align skips the permuted copy, the
+ * output is the copy-based chain's to the bit ($MOEJIT_GEMM1_GATHER=0). */
 Test(layer, gemm1_gather_equals_the_permuted_copy) {
   OPS_REQUIRE_GPU();
   ts_rng rng = ts_rng_fresh("layer gather");
@@ -497,6 +497,7 @@ Test(layer, gemm1_gather_equals_the_permuted_copy) {
     int32_t *ids = malloc(nk * 4);
     float *w = malloc(nk * 4);
     cr_assert(gathered && copied && ids && w);
+    setenv("MOEJIT_GEMM1_GATHER", "1", 1);
     run_eager(&io, t, NULL, gathered, ids, w);
     check_output(&io, t, gathered, ids, w, &rng, "qwen3 (gathering GEMM 1)");
     setenv("MOEJIT_GEMM1_GATHER", "0", 1);
