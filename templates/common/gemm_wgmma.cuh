@@ -339,6 +339,23 @@ struct mj_wg_ring {
   }
 };
 
+// The B tile of k-tile k0 into shared offset b, completing on `full`: rows
+// [w_row0, +kTN) (kSplitB: [w_row0, +kTN/2) then [w_row1, +kTN/2)); in a
+// cluster of CM = 2 this CTA's half, multicast into both CTAs.
+template <class S, bool kSplitB, int CM>
+__device__ __forceinline__ void mj_wg_load_b(unsigned b, const mj_tmap *tw, int k0, int w_row0, int w_row1,
+                                             unsigned rank, unsigned full) {
+  if constexpr (CM == 2) {
+    const int row = kSplitB ? (rank == 0 ? w_row0 : w_row1) : w_row0 + (int)rank * (S::kTN / 2);
+    mj_tma_load_2d_multicast(b + rank * (S::kStageB / 2), tw, k0, row, full, (unsigned short)3);
+  } else if constexpr (kSplitB) {
+    mj_tma_load_2d(b, tw, k0, w_row0, full);
+    mj_tma_load_2d(b + S::kStageB / 2, tw, k0, w_row1, full);
+  } else {
+    mj_tma_load_2d(b, tw, k0, w_row0, full);
+  }
+}
+
 // The producer: one thread issues the TMA loads of every k-tile of one tile:
 // A rows [a_row0, +kTM) and B rows [w_row0, +kTN) (kSplitB: [w_row0, +kTN/2)
 // then [w_row1, +kTN/2), gemm1's gate and up halves). It runs ahead into the
@@ -357,17 +374,8 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
     mj_mbar_wait(sm.empty + ring.s * 8, ring.phase ^ 1u); // consumers are done with this stage
     mj_mbar_expect_tx(full, S::kStageBytes);
     const int k0 = kt * 64;
-    const unsigned b = sm.b + ring.s * S::kStageB;
     mj_tma_load_2d(sm.a + ring.s * S::kStageA, ta, k0, a_row0, full);
-    if constexpr (CM == 2) {
-      const int row = kSplitB ? (rank == 0 ? w_row0 : w_row1) : w_row0 + (int)rank * (S::kTN / 2);
-      mj_tma_load_2d_multicast(b + rank * (S::kStageB / 2), tw, k0, row, full, (unsigned short)3);
-    } else if constexpr (kSplitB) {
-      mj_tma_load_2d(b, tw, k0, w_row0, full);
-      mj_tma_load_2d(b + S::kStageB / 2, tw, k0, w_row1, full);
-    } else {
-      mj_tma_load_2d(b, tw, k0, w_row0, full);
-    }
+    mj_wg_load_b<S, kSplitB, CM>(sm.b + ring.s * S::kStageB, tw, k0, w_row0, w_row1, rank, full);
     ring.next<S>();
   }
 }
@@ -453,16 +461,7 @@ __device__ __forceinline__ void mj_wg_produce_gather(const mj_wg_smem<S> &sm, mj
     const int k0 = kt * 64;
     if (tid == 0) {
       mj_mbar_expect_tx(full, S::kStageB);
-      const unsigned b = sm.b + ring.s * S::kStageB;
-      if constexpr (CM == 2) {
-        const int row = kSplitB ? (rank == 0 ? w_row0 : w_row1) : w_row0 + (int)rank * (S::kTN / 2);
-        mj_tma_load_2d_multicast(b + rank * (S::kStageB / 2), tw, k0, row, full, (unsigned short)3);
-      } else if constexpr (kSplitB) {
-        mj_tma_load_2d(b, tw, k0, w_row0, full);
-        mj_tma_load_2d(b + S::kStageB / 2, tw, k0, w_row1, full);
-      } else {
-        mj_tma_load_2d(b, tw, k0, w_row0, full);
-      }
+      mj_wg_load_b<S, kSplitB, CM>(sm.b + ring.s * S::kStageB, tw, k0, w_row0, w_row1, rank, full);
     }
     const unsigned a = sm.a + ring.s * S::kStageA;
     const int col = k0 + chunk * 8;
