@@ -194,8 +194,7 @@ template <typename WT> struct mj_decode1_hook {
 };
 
 // Routes the tokens into ids/wt (shared); returns the entries.
-template <typename LT>
-__device__ __forceinline__ int mj_decode_route(const LT *__restrict__ logits, const float *__restrict__ bias,
+__device__ __forceinline__ int mj_decode_route(const logits_t *__restrict__ logits, const float *__restrict__ bias,
                                                int tokens, int *ids, float *wt, int *__restrict__ topk_ids,
                                                float *__restrict__ topk_weights, unsigned *__restrict__ counters) {
   const int entries = min(tokens * kTopK, kGemvPassRows);
@@ -203,11 +202,7 @@ __device__ __forceinline__ int mj_decode_route(const LT *__restrict__ logits, co
   if (warp * kTopK < entries) { // warp t routes token t
     int expert;
     float weight;
-    const LT *row = logits + (long long)warp * kExperts;
-    if constexpr (kRouteRule == 0)
-      route_softmax(row, lane, expert, weight);
-    else
-      route_sigmoid(row, bias, lane, expert, weight);
+    route_token(logits + (long long)warp * kExperts, bias, lane, expert, weight);
     if (lane < kTopK) {
       ids[warp * kTopK + lane] = expert;
       wt[warp * kTopK + lane] = weight;

@@ -98,6 +98,17 @@ moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, a
 
 // ---- decode: weight streaming (common/gemm_gemv.cuh) --------------------------
 
+// acc[c][r] = W2[e] row n0 + c . (row r of the map), for the kGemv2Cols
+// columns of a GEMV unit (the plain and the decode layer's).
+template <int R, typename AT, typename WT, class Rows>
+__device__ __forceinline__ void mj_gemm2_gemv_dot(const WT *w, int e, int n0, const Rows &map,
+                                                  float (&acc)[kGemv2Cols][R]) {
+  const WT *wr[kGemv2Cols];
+#pragma unroll
+  for (int c = 0; c < kGemv2Cols; ++c) wr[c] = w + ((long long)e * kHidden + n0 + c) * kExpertWidth;
+  mj_gemv_dot<AT, WT, kExpertWidth, kGemv2Cols, R>(wr, map, acc);
+}
+
 // A unit is kGemv2Cols y columns: those rows of W2[e].
 template <typename AT, typename WT> struct mj_gemm2_gemv_unit {
   const AT *a;
@@ -107,11 +118,8 @@ template <typename AT, typename WT> struct mj_gemm2_gemv_unit {
   template <int R> __device__ __forceinline__ void run(int e, int g, int row0, int rows) const {
     constexpr int C = kGemv2Cols;
     const int n0 = g * C;
-    const WT *wr[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) wr[c] = w + ((long long)e * kHidden + n0 + c) * kExpertWidth;
     float acc[C][R];
-    mj_gemv_dot<AT, WT, kExpertWidth, C, R>(wr, mj_gemv_rows_contig<AT, kExpertWidth>{a, row0, rows}, acc);
+    mj_gemm2_gemv_dot<R, AT, WT>(w, e, n0, mj_gemv_rows_contig<AT, kExpertWidth>{a, row0, rows}, acc);
     const int lane = mj_lane_id();
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -163,12 +171,9 @@ template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
   template <int R> __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
     constexpr int C = kGemv2Cols;
     const int n0 = g * C, lane = mj_lane_id();
-    const WT *wr[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) wr[c] = w + ((long long)e * kHidden + n0 + c) * kExpertWidth;
     const mj_gemv_rows_entries<AT, kExpertWidth, 1> map{h, packed, rows};
     float acc[C][R];
-    mj_gemv_dot<AT, WT, kExpertWidth, C, R>(wr, map, acc);
+    mj_gemm2_gemv_dot<R, AT, WT>(w, e, n0, map, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= rows || lane != r) continue; // lane r stores row r

@@ -27,10 +27,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
   int expert;
   float weight;
-  if constexpr (kRouteRule == 0)
-    route_softmax(row, lane, expert, weight);
-  else
-    route_sigmoid(row, bias, lane, expert, weight);
+  route_token(row, bias, lane, expert, weight);
 
   if (lane < kTopK) {
     topk_ids[(size_t)token * kTopK + lane] = expert;

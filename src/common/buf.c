@@ -80,3 +80,10 @@ int mj_strlcpy(char *dst, const char *src, size_t cap) {
   memcpy(dst, src, n + 1);
   return 1;
 }
+
+int mj_env_switch(const char *name, int dflt) {
+  const char *v = getenv(name);
+  if (v && strcmp(v, "0") == 0) return 0;
+  if (v && strcmp(v, "1") == 0) return 1;
+  return dflt;
+}

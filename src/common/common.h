@@ -47,6 +47,9 @@ moejit_status mj_snprintf(char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* strncpy that always terminates; returns 0 if it truncated. */
 int mj_strlcpy(char *dst, const char *src, size_t cap);
+/* An on/off switch from the environment: 0 when $name is "0", 1 when it is
+ * "1", dflt otherwise (unset, empty or anything else). */
+int mj_env_switch(const char *name, int dflt);
 
 /* Runs fn(i, arg) for i in [0, n) on up to `jobs` threads (0: online CPUs).
  * Returns once all are done. */

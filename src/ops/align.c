@@ -163,8 +163,7 @@ static moejit_status launch_scatter(const moejit_model *m, align_launch *l,
  * $MOEJIT_ALIGN_FUSED=0 asks for three (tests compare the two paths). */
 static int fused(const moejit_model *m, const align_launch *l) {
   if (l->chunks != 1 || m->align_unfused) return 0;
-  const char *env = getenv("MOEJIT_ALIGN_FUSED");
-  return !(env && strcmp(env, "0") == 0);
+  return mj_env_switch("MOEJIT_ALIGN_FUSED", 1);
 }
 
 moejit_status moejit_align(const moejit_model *model, const moejit_align_args *args,

@@ -61,6 +61,13 @@ int mj_gemm_gemv_enabled(void);
 #define MJ_GEMV1_COLS 2
 #define MJ_GEMV2_COLS 4
 #define MJ_GEMV_BLOCKS_PER_SM 2
+/* Entries beside the plan's own in the GEMM modules: the decode layer's two
+ * launches (layer.c) and GEMM 1 gathering its rows (gemm_launch.c); the
+ * load resolves them with the plans that use them (model.c). */
+#define MJ_ENTRY_DECODE1 "moejit_layer_decode_gemm1"
+#define MJ_ENTRY_DECODE2 "moejit_layer_decode_gemm2"
+#define MJ_ENTRY_GEMM1_GATHER "moejit_gemm1_swiglu_wgmma_gather"
+
 /* The decode layer's GEMM 1 units (templates/gemm1.cu kDecode1Cols: h
  * columns); its GEMM 2 units are MJ_GEMV2_COLS columns. */
 #define MJ_DECODE1_COLS 1

@@ -150,7 +150,7 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   moejit_kernel *kernel;
   moejit_spec scratch;
   const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, &plan, &scratch);
-  const char *entry = args->a_index ? "moejit_gemm1_swiglu_wgmma_gather" : plan.entry;
+  const char *entry = args->a_index ? MJ_ENTRY_GEMM1_GATHER : plan.entry;
   if ((st = moejit_ctx_get_kernel(ctx, kspec, plan.family, entry, &kernel)))
     return mj_ctx_fail(ctx, st);
   if (plan.use_wgmma) {

@@ -98,15 +98,11 @@ const char *mj_gemm_path_blocker(const moejit_spec *spec, int which, moejit_gemm
 }
 
 int mj_gemm_gemv_enabled(void) {
-  const char *env = getenv("MOEJIT_GEMM_GEMV");
-  return !(env && strcmp(env, "0") == 0);
+  return mj_env_switch("MOEJIT_GEMM_GEMV", 1);
 }
 
 int mj_gemm_wgmma_enabled(void) {
-  const char *env = getenv("MOEJIT_GEMM_WGMMA");
-  if (env && strcmp(env, "1") == 0) return 1;
-  if (env && strcmp(env, "0") == 0) return 0;
-  return MJ_GEMM_WGMMA_DEFAULT;
+  return mj_env_switch("MOEJIT_GEMM_WGMMA", MJ_GEMM_WGMMA_DEFAULT);
 }
 
 static int one_of(int v, const int *set, int n) {
@@ -258,11 +254,10 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   int cols = which == 1 ? tn / 2 : tn;
   int64_t active = max_rows < spec->experts ? max_rows : spec->experts;
   int64_t ctas = (max_rows / tm + active) * ((p->n_out + cols - 1) / cols);
-  const char *force = getenv("MOEJIT_GEMM_WGMMA_NARROW"); /* tests: "0" never, "1" always */
-  int narrow = force && (!strcmp(force, "0") || !strcmp(force, "1"))
-                   ? force[0] == '1'
-                   : path == MOEJIT_GEMM_PATH_AUTO && ctas < MJ_WG_NARROW_CTAS &&
-                         (tm != MJ_WG_NARROW_TM || tn != MJ_WG_NARROW_TN);
+  /* tests: $MOEJIT_GEMM_WGMMA_NARROW "0" never, "1" always */
+  int narrow = mj_env_switch("MOEJIT_GEMM_WGMMA_NARROW",
+                             path == MOEJIT_GEMM_PATH_AUTO && ctas < MJ_WG_NARROW_CTAS &&
+                                 (tm != MJ_WG_NARROW_TM || tn != MJ_WG_NARROW_TN));
   if (narrow) tm = MJ_WG_NARROW_TM, tn = MJ_WG_NARROW_TN, want = MJ_WG_NARROW_KTILES;
   p->entry = which == 1 ? (narrow ? "moejit_gemm1_swiglu_wgmma_narrow" : "moejit_gemm1_swiglu_wgmma")
                         : (narrow ? "moejit_gemm2_wgmma_narrow" : "moejit_gemm2_wgmma");

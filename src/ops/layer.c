@@ -230,9 +230,7 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
  * $MOEJIT_GEMM1_GATHER=1 gathers wherever the kernel can, 0 never. */
 static int gemm1_gathers(const mj_gemm_choice *c) {
   if (!c->plan.use_wgmma || c->plan.wg_narrow) return 0;
-  const char *env = getenv("MOEJIT_GEMM1_GATHER");
-  if (env && *env) return strcmp(env, "0") != 0;
-  return c->plan.tile_m == 64;
+  return mj_env_switch("MOEJIT_GEMM1_GATHER", c->plan.tile_m == 64);
 }
 
 /* Align, the two GEMMs and combine, routing given (ids, weights). */
@@ -313,8 +311,7 @@ int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choi
                      const mj_gemm_choice *gemm2) {
   if (tokens < 1 || tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS) return 0;
   if (!gemm1->plan.use_gemv || !gemm2->plan.use_gemv) return 0;
-  const char *env = getenv("MOEJIT_LAYER_DECODE");
-  return !(env && !strcmp(env, "0"));
+  return mj_env_switch("MOEJIT_LAYER_DECODE", 1);
 }
 
 int moejit_moe_decode_layer(const moejit_model *m, int64_t tokens) {
@@ -339,12 +336,10 @@ static unsigned decode_blocks(const moejit_model *m, int64_t units) {
  * for GEMM 2: where it fits in 70% of L2 ($MOEJIT_DECODE_PREFETCH=0 or 1
  * overrides). */
 static int decode_prefetch(const moejit_model *m, int64_t active) {
-  const char *env = getenv("MOEJIT_DECODE_PREFETCH");
-  if (env && *env) return strcmp(env, "0") != 0;
   const double w2 = (double)active * (double)m->spec.hidden * (double)m->spec.expert_width *
                     (double)moejit_dtype_size(m->spec.weight_dtype);
   const double l2 = (double)mj_ctx_l2_bytes(m->ctx);
-  return l2 > 0 && w2 <= 0.7 * l2 ? 1 : 0;
+  return mj_env_switch("MOEJIT_DECODE_PREFETCH", l2 > 0 && w2 <= 0.7 * l2);
 }
 
 static moejit_status decode_kernel(const moejit_model *m, const mj_gemm_choice *c, int which,
@@ -359,8 +354,8 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
                                    moejit_stream stream) {
   const moejit_spec *s = &m->spec;
   moejit_kernel *k1, *k2;
-  moejit_status st = decode_kernel(m, &c->gemm[0], 1, "moejit_layer_decode_gemm1", &k1);
-  if (!st) st = decode_kernel(m, &c->gemm[1], 2, "moejit_layer_decode_gemm2", &k2);
+  moejit_status st = decode_kernel(m, &c->gemm[0], 1, MJ_ENTRY_DECODE1, &k1);
+  if (!st) st = decode_kernel(m, &c->gemm[1], 2, MJ_ENTRY_DECODE2, &k2);
   if (st) return mj_model_fail(m, mj_fail_prefix(st, "moejit_moe_forward"));
   const void *x = a->x, *logits = a->logits, *bias = a->route_bias, *w1 = a->w1, *w2 = a->w2;
   void *h = AT(a->workspace, l->h), *out = a->out, *part = AT(a->workspace, l->xs_y);

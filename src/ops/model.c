@@ -153,10 +153,9 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
   const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, plan, &scratch);
   moejit_status st = warm_add(w, kspec, plan->family, plan->entry, what);
   if (!st && plan->use_gemv)
-    st = warm_add(w, kspec, plan->family,
-                  which == 1 ? "moejit_layer_decode_gemm1" : "moejit_layer_decode_gemm2", what);
+    st = warm_add(w, kspec, plan->family, which == 1 ? MJ_ENTRY_DECODE1 : MJ_ENTRY_DECODE2, what);
   if (!st && which == 1 && plan->use_wgmma && !plan->wg_narrow)
-    st = warm_add(w, kspec, plan->family, "moejit_gemm1_swiglu_wgmma_gather", what);
+    st = warm_add(w, kspec, plan->family, MJ_ENTRY_GEMM1_GATHER, what);
   return st;
 }
 

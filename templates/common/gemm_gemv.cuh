@@ -180,6 +180,16 @@ __device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const Rows
     for (int r = 0; r < R; ++r) acc[n][r] = mj_warp_sum(acc[n][r]);
 }
 
+// unit.run<R>(e, g, where, rows) with R the power of two >= rows (1, 2, 4
+// or 8): `where` is the first row (permuted rows) or the packed entries.
+template <class Unit, typename Where>
+__device__ __forceinline__ void mj_gemv_run(const Unit &unit, int e, int g, Where where, int rows) {
+  if (rows == 1) unit.template run<1>(e, g, where, rows);
+  else if (rows == 2) unit.template run<2>(e, g, where, rows);
+  else if (rows <= 4) unit.template run<4>(e, g, where, rows);
+  else unit.template run<8>(e, g, where, rows);
+}
+
 // The persistent loop: unit u = (active expert u / groups, column group
 // u % groups), warp (blockIdx, w) takes units blockIdx + gridDim * w + k *
 // (all warps), so consecutive units land on different SMs. For each unit
@@ -201,10 +211,7 @@ __device__ __forceinline__ void mj_gemv_for_each(const int *offsets, int max_row
 #pragma unroll 1
     for (int row0 = first; row0 < end; row0 += kGemvPassRows) {
       const int rows = end - row0 < kGemvPassRows ? end - row0 : kGemvPassRows;
-      if (rows == 1) unit.template run<1>(e, g, row0, rows);
-      else if (rows == 2) unit.template run<2>(e, g, row0, rows);
-      else if (rows <= 4) unit.template run<4>(e, g, row0, rows);
-      else unit.template run<8>(e, g, row0, rows);
+      mj_gemv_run(unit, e, g, row0, rows);
     }
   }
 }
@@ -261,12 +268,8 @@ __device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, 
   const int stride = gridDim.x * kGemvWarps;
 #pragma unroll 1
   for (int u = blockIdx.x + gridDim.x * (threadIdx.x / 32); u < units; u += stride) {
-    const int a = u / groups, g = u % groups, n = rows[a];
-    const unsigned p = packed[a];
-    if (n == 1) unit.template run<1>(list[a], g, p, n);
-    else if (n == 2) unit.template run<2>(list[a], g, p, n);
-    else if (n <= 4) unit.template run<4>(list[a], g, p, n);
-    else unit.template run<8>(list[a], g, p, n);
+    const int a = u / groups;
+    mj_gemv_run(unit, list[a], u % groups, packed[a], rows[a]);
   }
   hook.after(list, active);
 }

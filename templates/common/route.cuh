@@ -237,4 +237,14 @@ __device__ __forceinline__ void route_sigmoid(const logits_t *__restrict__ row,
   weight = (kRenormalize ? score / (mj_warp_sum(score) + 1e-20f) : score) * kScalingFactor;
 }
 
+// The rule fixed at JIT time (kRouteRule) on one token's row: lane j < k
+// ends with pick j's expert and weight.
+__device__ __forceinline__ void route_token(const logits_t *__restrict__ row, const float *__restrict__ bias,
+                                            int lane, int &pick_expert, float &weight) {
+  if constexpr (kRouteRule == 0)
+    route_softmax(row, lane, pick_expert, weight);
+  else
+    route_sigmoid(row, bias, lane, pick_expert, weight);
+}
+
 #endif
