@@ -730,7 +730,10 @@ static void mutate(mj_buf *b, ts_rng *r) {
       break;
     case 1: { /* duplicate the line */
       size_t l = le - ls;
-      char *copy = strndup(b->data + ls, l);
+      /* memcpy, not strndup: an earlier edit may have put a NUL byte in the line */
+      char *copy = malloc(l ? l : 1);
+      cr_assert(copy);
+      memcpy(copy, b->data + ls, l);
       mj_buf rest = {0};
       mj_buf_append(&rest, b->data + ls, n - ls);
       b->len = ls;
