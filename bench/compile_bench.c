@@ -103,7 +103,8 @@ static int bench_preset(const bench_args *a, const char *name, preset_result *re
     if (compile_once(a, &spec, 1, r, &res->n_kernels, &ms)) return -1;
     res->serial_ms = min_d(res->serial_ms, ms);
     for (size_t k = 0; k < res->n_kernels && k < MAX_KERNELS; k++) {
-      snprintf(res->kernel[k], sizeof res->kernel[k], "%s", r[k].kernel);
+      snprintf(res->kernel[k], sizeof res->kernel[k], "%.*s", (int)sizeof res->kernel[k] - 1,
+               r[k].kernel);
       res->kernel_ms[k] = rep ? min_d(res->kernel_ms[k], r[k].ms) : r[k].ms;
     }
     size_t n;

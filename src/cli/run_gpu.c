@@ -283,9 +283,9 @@ static void check_sample(const gpu_state *g, int64_t t, const void *out, const i
   const moejit_spec *s = g->s;
   const int k = s->top_k;
   const size_t n = t < MAX_SAMPLES ? (size_t)t : MAX_SAMPLES, d = (size_t)s->hidden;
-  int64_t tok[MAX_SAMPLES];
-  int32_t sid[MAX_SAMPLES * 32];
-  float sw[MAX_SAMPLES * 32];
+  int64_t tok[MAX_SAMPLES] = {0};
+  int32_t sid[MAX_SAMPLES * 32] = {0}; /* top_k <= 32 (spec_check) */
+  float sw[MAX_SAMPLES * 32] = {0};
   for (size_t i = 0; i < n; i++) {
     tok[i] = n == (size_t)t ? (int64_t)i : (int64_t)i * (t - 1) / (int64_t)(n - 1);
     memcpy(&sid[i * k], &ids[tok[i] * k], sizeof(int32_t) * k);

@@ -289,11 +289,11 @@ static int resolve_include(const gen_state *g, const char *from, const char *inc
                            size_t cap) {
   const char *slash = strrchr(from, '/');
   if (slash) {
-    snprintf(out, cap, "%.*s/%s", (int)(slash - from), from, inc);
-    if (tpl_exists(g->dir, out)) return 1;
+    int n = snprintf(out, cap, "%.*s/%s", (int)(slash - from), from, inc);
+    if (n >= 0 && (size_t)n < cap && tpl_exists(g->dir, out)) return 1;
   }
-  snprintf(out, cap, "%s", inc);
-  return tpl_exists(g->dir, out);
+  int n = snprintf(out, cap, "%s", inc);
+  return n >= 0 && (size_t)n < cap && tpl_exists(g->dir, out);
 }
 
 static moejit_status emit_file(gen_state *g, const char *name, int depth);

@@ -51,7 +51,7 @@ typedef struct cache_choice {
 void moejit_compiler_opts_init(moejit_compiler_opts *opts) {
   if (!opts) return;
   memset(opts, 0, sizeof *opts);
-  opts->lineinfo = 1;
+  opts->lineinfo = mj_env_switch("MOEJIT_LINEINFO", 0);
 }
 
 /* ------------------------------------------------------------------------ */

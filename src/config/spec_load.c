@@ -512,7 +512,7 @@ static moejit_status load_section(loader *L, const section *sec, const mj_yaml_n
   unsigned seen = 0;
   mark_section(L, sec, (mj_mark){map->line, map->col});
   for (size_t i = 0; i + 1 < map->n_items; i += 2) {
-    const key_def *k;
+    const key_def *k = NULL;
     char path[384];
     moejit_status st = find_key(L, sec, map, i, &k);
     if (st) return st;

@@ -114,7 +114,7 @@ static void *resolve_symbol(PFN_cuGetProcAddress_v12000 get_proc, const driver_s
 static void set_load_failure(const char *why) {
   drv.load_status = MOEJIT_ERR_NO_DRIVER;
   snprintf(drv.load_message, sizeof drv.load_message,
-           "no CUDA driver found (%s); HINT: install the NVIDIA driver or set "
+           "no CUDA driver found (%.760s); HINT: install the NVIDIA driver or set "
            "MOEJIT_LIBCUDA_PATH; " MJ_NO_GPU_HINT,
            why);
 }

@@ -155,7 +155,7 @@ static moejit_status kernel_add_locked(moejit_ctx *ctx, const moejit_spec *spec,
                                        const void *cubin, moejit_kernel **out) {
   if ((*out = kernel_memo_find(ctx, spec, family, requested))) return MOEJIT_OK; /* a race won */
   mj_module *m;
-  mj_function *f;
+  mj_function *f = NULL;
   moejit_status st = module_load(ctx, key, family, cubin, &m);
   if (st == MOEJIT_OK) st = function_find_pushed(ctx, m, entry, &f);
   if (st != MOEJIT_OK) return st;

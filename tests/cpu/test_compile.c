@@ -3,6 +3,7 @@
  * cache path (miss, then hit from a new compiler), cache off, read-only
  * caches, emit files, and every embedded template x preset compiling. */
 #include <criterion/criterion.h>
+#include <elf.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@ static void setup(void) {
   unsetenv("MOEJIT_CACHE_DISABLE");
   unsetenv("MOEJIT_CACHE_MAXSIZE");
   unsetenv("MOEJIT_CACHE_FAULT");
+  unsetenv("MOEJIT_LINEINFO");
   tmp = ts_mkdtemp("compile");
 }
 static void teardown(void) {
@@ -46,7 +48,6 @@ static moejit_compiler *new_compiler(const char *cache_dir, const char *template
                                      const char *emit_dir, int disable) {
   moejit_compiler_opts o;
   moejit_compiler_opts_init(&o);
-  cr_assert_eq(o.lineinfo, 1, "lineinfo defaults on");
   o.cache_dir = cache_dir;
   o.template_dir = template_dir;
   o.emit_dir = emit_dir;
@@ -159,6 +160,68 @@ Test(compile, good_templates_give_ptx_and_cubin_for_real_archs) {
       mj_kernel_source_free(&ks);
     }
   }
+}
+
+/* The named section of a cubin (ELF64), or NULL. */
+static const unsigned char *elf_section(const void *img, size_t len, const char *name,
+                                        size_t *size) {
+  const Elf64_Ehdr *eh = img;
+  cr_assert(len >= sizeof *eh && eh->e_shoff + (size_t)eh->e_shnum * sizeof(Elf64_Shdr) <= len);
+  const Elf64_Shdr *sh = (const Elf64_Shdr *)((const char *)img + eh->e_shoff);
+  const char *names = (const char *)img + sh[eh->e_shstrndx].sh_offset;
+  for (int i = 0; i < eh->e_shnum; i++)
+    if (strcmp(names + sh[i].sh_name, name) == 0) {
+      cr_assert(sh[i].sh_offset + sh[i].sh_size <= len);
+      *size = sh[i].sh_size;
+      return (const unsigned char *)img + sh[i].sh_offset;
+    }
+  return NULL;
+}
+
+Test(compile, lineinfo_is_off_by_default_and_only_adds_debug_sections) {
+  moejit_compiler_opts o;
+  moejit_compiler_opts_init(&o);
+  cr_expect_eq(o.lineinfo, 0, "off without $MOEJIT_LINEINFO");
+  static const struct {
+    const char *value;
+    int want;
+  } env[] = {{"1", 1}, {"0", 0}, {"yes", 0}, {"", 0}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(env); i++) {
+    setenv("MOEJIT_LINEINFO", env[i].value, 1);
+    moejit_compiler_opts_init(&o);
+    cr_expect_eq(o.lineinfo, env[i].want, "MOEJIT_LINEINFO='%s'", env[i].value);
+  }
+  unsetenv("MOEJIT_LINEINFO");
+
+  /* Same source both ways: the SASS of every entry is byte for byte the
+   * same; -lineinfo only adds the line tables. */
+  moejit_spec s = random_spec("lineinfo");
+  mj_kernel_source ks;
+  cr_assert_eq(mj_codegen(&s, "align", "sm_90a", NULL, &ks), MOEJIT_OK, "%s", moejit_last_error());
+  void *cubin[2] = {NULL, NULL};
+  size_t len[2] = {0, 0};
+  for (int li = 0; li < 2; li++) {
+    mj_compile_opts co = {.arch = "sm_90a", .lineinfo = li};
+    cr_assert_eq(mj_nvrtc_compile(&ks, &co, NULL, NULL, &cubin[li], &len[li]), MOEJIT_OK, "%s",
+                 moejit_last_error());
+  }
+  size_t n = 0;
+  cr_expect_null(elf_section(cubin[0], len[0], ".debug_line", &n), "no line table by default");
+  cr_expect_not_null(elf_section(cubin[1], len[1], ".debug_line", &n), "-lineinfo: a line table");
+  cr_expect_gt(len[1], len[0]);
+  cr_assert_gt(ks.n_entries, 0);
+  for (int e = 0; e < ks.n_entries; e++) {
+    char name[160];
+    snprintf(name, sizeof name, ".text.%s", ks.entries[e]);
+    size_t n0 = 0, n1 = 0;
+    const unsigned char *t0 = elf_section(cubin[0], len[0], name, &n0);
+    const unsigned char *t1 = elf_section(cubin[1], len[1], name, &n1);
+    cr_assert(t0 && t1, "%s in both cubins", name);
+    cr_expect(n0 == n1 && memcmp(t0, t1, n0) == 0, "%s: the same SASS", name);
+  }
+  free(cubin[0]);
+  free(cubin[1]);
+  mj_kernel_source_free(&ks);
 }
 
 static void expect_compile_error(const char *dir, const char *where) {

@@ -409,8 +409,11 @@ static void good_args(fixture *f, const buffers *b) {
                                  .workspace_bytes = b->ws_align_bytes};
   f->combine = (moejit_combine_args){T_TOKENS, b->y, b->row_of, b->weights, b->out};
   const int64_t rows = T_TOKENS * f->spec->top_k;
-  f->gemm1 = (moejit_gemm_args){b->xs, b->w1, b->h, b->offsets, NULL, rows, 0};
-  f->gemm2 = (moejit_gemm_args){b->h, b->w2, b->y, b->offsets, b->scale, rows, 0};
+  f->gemm1 = (moejit_gemm_args){
+      .a = b->xs, .w = b->w1, .out = b->h, .expert_offsets = b->offsets, .max_rows = rows};
+  f->gemm2 = (moejit_gemm_args){
+      .a = b->h, .w = b->w2, .out = b->y, .expert_offsets = b->offsets, .row_scale = b->scale,
+      .max_rows = rows};
   f->forward = (moejit_moe_args){.tokens = T_TOKENS,
                                  .x = b->x,
                                  .logits = b->logits,
