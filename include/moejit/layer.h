@@ -106,6 +106,24 @@ MOEJIT_API moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *c
 MOEJIT_API moejit_status moejit_model_load_report(const moejit_model *model,
                                                   moejit_load_report *report);
 
+/* Builds, without a GPU, every kernel that moejit_model_load_spec builds for
+ * `spec` on a GPU named `device_name` (as moejit_ctx_device_info reports it,
+ * e.g. "NVIDIA H100 80GB HBM3") of arch `arch` (NULL: the spec's first;
+ * "auto" is refused): the five families, the GEMM variants of that
+ * device's tuned table ($MOEJIT_TUNED_DIR, then the embedded tables;
+ * opts->tuned_disable skips it) and the kernels their launch plans derive.
+ * Through `compiler`'s cache, so a load on such a GPU whose ctx compiler
+ * has the same cache directory and options (lineinfo, fast_math) finds
+ * every kernel there: a pre-built cache for machines that must not pay
+ * the cold compile. device_name NULL or without a table: the heuristic
+ * kernels (the report's config_detail says why). opts may be NULL;
+ * opts->report receives a load report (load_ms 0: no modules are loaded).
+ * INVALID_ARGUMENT for NULL compiler or spec, a bad arch, or opts.ep set;
+ * the spec's and the compiler's errors as a load. Thread-safe. */
+MOEJIT_API moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec *spec,
+                                               const char *arch, const char *device_name,
+                                               const moejit_load_opts *opts);
+
 /* Where the configuration of one GEMM launch comes from. */
 typedef enum moejit_config_source {
   MOEJIT_CONFIG_HEURISTIC = 0,    /* the spec's kernels section (or built-in defaults), path AUTO */

@@ -34,6 +34,8 @@ int cli_fail(moejit_status st, const char *what);
 
 /* JSON string with escapes. */
 void cli_json_str(FILE *f, const char *s);
+/* {"kernels":N,"cache_hits":...,"configs":[...]} of a load report, no newline. */
+void cli_print_load_json(const moejit_load_report *r);
 
 int cli_compile(int argc, char **argv);
 int cli_gen(int argc, char **argv);

@@ -106,3 +106,25 @@ void cli_json_str(FILE *f, const char *s) {
   }
   fputc('"', f);
 }
+
+/* A load report as one JSON object (moejit run, moejit compile --device). */
+void cli_print_load_json(const moejit_load_report *r) {
+  printf(
+      "{\"kernels\":%d,\"cache_hits\":%d,\"cache_misses\":%d,\"compile_ms\":%.3f,"
+      "\"load_ms\":%.3f,\"total_ms\":%.3f,\"configs\":[",
+      r->n_kernels, r->cache_hits, r->cache_misses, r->compile_ms, r->load_ms, r->total_ms);
+  for (int i = 0; i < r->n_kernels; i++) {
+    printf("%s{\"kernel\":", i ? "," : "");
+    cli_json_str(stdout, r->kernels[i].kernel);
+    printf(",\"config\":");
+    cli_json_str(stdout, r->kernels[i].config);
+    printf(",\"source\":");
+    cli_json_str(stdout, r->kernels[i].config_source);
+    printf(",\"detail\":");
+    cli_json_str(stdout, r->kernels[i].config_detail);
+    printf(",\"tuned_kernels\":%d,\"tuned_kernels_cached\":%d", r->kernels[i].variants,
+           r->kernels[i].variant_hits);
+    printf(",\"cache_hit\":%s}", r->kernels[i].cache_hit ? "true" : "false");
+  }
+  printf("]}");
+}

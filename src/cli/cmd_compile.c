@@ -10,22 +10,27 @@
 #define MAX_REPORTS 64
 
 static void compile_usage(FILE *f) {
-  fprintf(f,
-          "usage: moejit compile [CONFIG | --preset NAME] [options]\n"
-          "\n"
-          "Generates every kernel of a config and compiles it with NVRTC for the\n"
-          "target arch, through the on-disk cache. Works without a GPU.\n"
-          "With no CONFIG, the embedded default preset (%s).\n"
-          "\n"
-          "options:\n"
-          "  --preset NAME      an embedded preset instead of a file\n"
-          "  --arch ARCH        target arch (e.g. sm_90a, sm_80); default: the config's\n"
-          "  --jobs N           compile threads (default: all CPUs)\n"
-          "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, ~/.cache/moejit)\n"
-          "  --no-cache         compile without the disk cache\n"
-          "  --emit-dir DIR     also write each kernel's .cu, .ptx and .cubin to DIR\n"
-          "  --json             print one JSON object instead of a table\n",
-          moejit_default_preset());
+  fprintf(
+      f,
+      "usage: moejit compile [CONFIG | --preset NAME] [options]\n"
+      "\n"
+      "Generates every kernel of a config and compiles it with NVRTC for the\n"
+      "target arch, through the on-disk cache. Works without a GPU.\n"
+      "With no CONFIG, the embedded default preset (%s).\n"
+      "\n"
+      "options:\n"
+      "  --preset NAME      an embedded preset instead of a file\n"
+      "  --arch ARCH        target arch (e.g. sm_90a, sm_80); default: the config's\n"
+      "  --jobs N           compile threads (default: all CPUs)\n"
+      "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, ~/.cache/moejit)\n"
+      "  --no-cache         compile without the disk cache\n"
+      "  --emit-dir DIR     also write each kernel's .cu, .ptx and .cubin to DIR\n"
+      "  --device NAME      build what a model load builds on that GPU (its name as\n"
+      "                     'moejit info' shows it, e.g. \"NVIDIA H100 80GB HBM3\"):\n"
+      "                     the GEMM variants of its tuned table too, so a load there\n"
+      "                     finds every kernel in the cache\n"
+      "  --json             print one JSON object instead of a table\n",
+      moejit_default_preset());
 }
 
 static void print_table(const moejit_spec *spec, const char *dir, const moejit_kernel_report *r,
@@ -72,7 +77,7 @@ static void print_json(const moejit_spec *spec, const char *dir, const moejit_ke
 
 /* Options shared by compile and gen. */
 typedef struct compile_args {
-  const char *config, *preset, *arch, *cache_dir, *emit_dir, *kernel;
+  const char *config, *preset, *arch, *cache_dir, *emit_dir, *kernel, *device;
   int jobs, json, no_cache;
 } compile_args;
 
@@ -85,6 +90,7 @@ static int parse_args(int argc, char **argv, compile_args *a, int is_gen) {
         cli_opt_value(argc, argv, &i, "--arch", &a->arch, &bad) ||
         (!is_gen && cli_opt_value(argc, argv, &i, "--cache-dir", &a->cache_dir, &bad)) ||
         (!is_gen && cli_opt_value(argc, argv, &i, "--emit-dir", &a->emit_dir, &bad)) ||
+        (!is_gen && cli_opt_value(argc, argv, &i, "--device", &a->device, &bad)) ||
         (is_gen && cli_opt_value(argc, argv, &i, "--kernel", &a->kernel, &bad))) {
       if (bad) return CLI_EXIT_USAGE;
     } else if (!is_gen && cli_opt_value(argc, argv, &i, "--jobs", &v, &bad)) {
@@ -98,6 +104,47 @@ static int parse_args(int argc, char **argv, compile_args *a, int is_gen) {
     }
   }
   return 0;
+}
+
+/* --device: what a model load on that GPU builds (moejit_model_prebuild). */
+static int prebuild(const compile_args *a, const moejit_spec *spec, moejit_compiler *comp,
+                    const char *dir) {
+  moejit_load_report r;
+  moejit_load_opts opts;
+  moejit_load_opts_init(&opts);
+  opts.report = &r;
+  memset(&r, 0, sizeof r);
+  moejit_status st = moejit_model_prebuild(comp, spec, a->arch, a->device, &opts);
+  if (st) {
+    fprintf(stderr, "moejit: compile --device: %s\n", moejit_last_error());
+    return st == MOEJIT_ERR_INVALID_ARGUMENT || st == MOEJIT_ERR_CONFIG ? CLI_EXIT_USAGE
+                                                                        : CLI_EXIT_FAILURE;
+  }
+  if (a->json) {
+    printf("{\"config\":");
+    cli_json_str(stdout, spec->name);
+    printf(",\"device\":");
+    cli_json_str(stdout, a->device);
+    printf(",\"arch\":");
+    cli_json_str(stdout, r.arch);
+    printf(",\"cache_dir\":");
+    cli_json_str(stdout, dir);
+    printf(",\"load\":");
+    cli_print_load_json(&r);
+    printf("}\n");
+    return CLI_EXIT_OK;
+  }
+  printf("%s for %s (%s): the kernels a model load there builds\n", spec->name, a->device, r.arch);
+  for (int i = 0; i < r.n_kernels; i++) {
+    const moejit_load_kernel *k = &r.kernels[i];
+    printf("  %-8s %-5s %-22s %s: %s", k->kernel, k->cache_hit ? "hit" : "miss", k->config,
+           k->config_source, k->config_detail);
+    if (k->variants) printf(" [%d tuned kernels, %d from cache]", k->variants, k->variant_hits);
+    printf("\n");
+  }
+  printf("%d kernel families, %d from cache, %d compiled now; %.0f ms; cache: %s\n", r.n_kernels,
+         r.cache_hits, r.cache_misses, r.total_ms, *dir ? dir : "(disabled)");
+  return CLI_EXIT_OK;
 }
 
 int cli_compile(int argc, char **argv) {
@@ -123,6 +170,11 @@ int cli_compile(int argc, char **argv) {
 
   char dir[MOEJIT_PATH_MAX] = "";
   moejit_compiler_cache_dir(comp, &spec, dir, sizeof dir);
+  if (a.device) {
+    rc = prebuild(&a, &spec, comp, dir);
+    moejit_compiler_destroy(comp);
+    return rc;
+  }
   moejit_kernel_report reports[MAX_REPORTS];
   size_t n = 0;
   double t0 = 0;

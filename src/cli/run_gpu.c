@@ -443,27 +443,6 @@ static void print_text(const gpu_state *g) {
       g->a->iters, WARMUPS, MAX_SAMPLES);
 }
 
-static void print_load_json(const moejit_load_report *r) {
-  printf(
-      "{\"kernels\":%d,\"cache_hits\":%d,\"cache_misses\":%d,\"compile_ms\":%.3f,"
-      "\"load_ms\":%.3f,\"total_ms\":%.3f,\"configs\":[",
-      r->n_kernels, r->cache_hits, r->cache_misses, r->compile_ms, r->load_ms, r->total_ms);
-  for (int i = 0; i < r->n_kernels; i++) {
-    printf("%s{\"kernel\":", i ? "," : "");
-    cli_json_str(stdout, r->kernels[i].kernel);
-    printf(",\"config\":");
-    cli_json_str(stdout, r->kernels[i].config);
-    printf(",\"source\":");
-    cli_json_str(stdout, r->kernels[i].config_source);
-    printf(",\"detail\":");
-    cli_json_str(stdout, r->kernels[i].config_detail);
-    printf(",\"tuned_kernels\":%d,\"tuned_kernels_cached\":%d", r->kernels[i].variants,
-           r->kernels[i].variant_hits);
-    printf(",\"cache_hit\":%s}", r->kernels[i].cache_hit ? "true" : "false");
-  }
-  printf("]}");
-}
-
 /* What each GEMM runs at each token count (moejit_model_gemm_choice). */
 static void print_choices_json(const gpu_state *g) {
   static const char *const gemms[] = {"gemm1", "gemm2"};
@@ -515,9 +494,9 @@ static void print_json(const gpu_state *g, int ok) {
   printf(",\"arch\":");
   cli_json_str(stdout, g->dev.arch);
   printf(",\"load_cold\":");
-  print_load_json(&g->cold);
+  cli_print_load_json(&g->cold);
   printf(",\"load_warm\":");
-  print_load_json(&g->warm);
+  cli_print_load_json(&g->warm);
   printf(",\"gemm_choices\":");
   print_choices_json(g);
   printf(",\"iters\":%d,\"points\":[", g->a->iters);

@@ -10,6 +10,7 @@
 
 #include "common/common.h"
 #include "compile/compile.h"
+#include "config/config.h"
 #include "dist/ep.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
@@ -66,6 +67,8 @@ typedef struct family_job {
 
 typedef struct load_batch {
   moejit_model *m;
+  moejit_compiler *compiler; /* the ctx's, or moejit_model_prebuild's */
+  const char *arch;          /* the ctx's, or the prebuild's target */
   family_job jobs[MJ_LOAD_MAX_JOBS];
   size_t n;
   moejit_spec variant_specs[2 * MJ_GEMM_MAX_VARIANTS];
@@ -93,19 +96,28 @@ static void describe_config(const moejit_spec *s, unsigned bit, moejit_load_kern
              sizeof row->config_detail);
 }
 
-/* Worker: generate + compile (or read the cache) one kernel. Module loads
- * happen afterwards on the caller's thread (they serialize on the ctx). */
-static void compile_family(size_t i, void *arg) {
-  load_batch *b = arg;
-  family_job *j = &b->jobs[i];
-  moejit_ctx *ctx = b->m->ctx;
+/* Generates and compiles (or reads from a cache) one kernel on a worker
+ * thread: its status, time, and the message carried back to the caller's
+ * thread (errors are recorded per thread). */
+static moejit_status build_timed(moejit_compiler *c, const moejit_spec *spec, const char *family,
+                                 const char *arch, char key[33], int *hit, double *ms,
+                                 char *message, size_t cap) {
   const void *cubin = NULL;
   size_t len = 0;
   double t0 = mj_now_ms();
-  j->status = mj_compiler_get_cubin(moejit_ctx_compiler(ctx), j->spec, j->name, mj_ctx_arch(ctx),
-                                    &cubin, &len, j->key, &j->hit);
-  j->ms = mj_now_ms() - t0;
-  if (j->status) snprintf(j->message, sizeof j->message, "%s", moejit_last_error());
+  moejit_status st = mj_compiler_get_cubin(c, spec, family, arch, &cubin, &len, key, hit);
+  *ms = mj_now_ms() - t0;
+  if (st) snprintf(message, cap, "%s", moejit_last_error());
+  return st;
+}
+
+/* Worker: one family job. Module loads happen afterwards on the caller's
+ * thread (they serialize on the ctx). */
+static void compile_family(size_t i, void *arg) {
+  load_batch *b = arg;
+  family_job *j = &b->jobs[i];
+  j->status = build_timed(b->compiler, j->spec, j->name, b->arch, j->key, &j->hit, &j->ms,
+                          j->message, sizeof j->message);
 }
 
 /* Row counts whose launch plans name every entry a GEMM launcher may pick
@@ -120,10 +132,14 @@ typedef struct warm_job {
   char what[96]; /* for the error: "kernel 'x'" or "tuned T=n" */
   moejit_status status;
   char message[1024];
+  int hit;   /* prebuild: the module came from a cache */
+  double ms; /* prebuild: its generate + compile time */
 } warm_job;
 
 typedef struct warm_list {
   moejit_model *m;
+  const char *arch;          /* the arch the GEMM plans are made for */
+  moejit_compiler *compiler; /* prebuild: compiles the jobs' modules */
   warm_job *jobs;
   size_t n, cap;
 } warm_list;
@@ -164,7 +180,7 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
  * tuned variant's (its spec + path). */
 static moejit_status list_gemm(warm_list *w, int which) {
   moejit_model *m = w->m;
-  const char *arch = mj_ctx_arch(m->ctx);
+  const char *arch = w->arch;
   mj_gemm_plan plan;
   moejit_status st;
   for (size_t i = 0; i < MJ_ARRAY_LEN(gemm_probe_rows); i++) {
@@ -199,17 +215,23 @@ static void warm_one(size_t i, void *arg) {
   if (j->status) snprintf(j->message, sizeof j->message, "%s", moejit_last_error());
 }
 
-static moejit_status warm_all(moejit_model *m, unsigned families) {
-  warm_list w = {.m = m};
+/* Every (spec, family, entry) a load of `families` resolves. */
+static moejit_status warm_list_make(warm_list *w, unsigned families) {
   moejit_status st = MOEJIT_OK;
   for (size_t i = 0; i < MJ_ARRAY_LEN(kernel_entries) && !st; i++) {
     const kernel_entry *k = &kernel_entries[i];
     char what[96];
     snprintf(what, sizeof what, "kernel '%s'", k->entry);
-    if (families & k->family) st = warm_add(&w, &m->spec, k->family_name, k->entry, what);
+    if (families & k->family) st = warm_add(w, &w->m->spec, k->family_name, k->entry, what);
   }
-  if (!st && (families & MJ_OPS_GEMM1)) st = list_gemm(&w, 1);
-  if (!st && (families & MJ_OPS_GEMM2)) st = list_gemm(&w, 2);
+  if (!st && (families & MJ_OPS_GEMM1)) st = list_gemm(w, 1);
+  if (!st && (families & MJ_OPS_GEMM2)) st = list_gemm(w, 2);
+  return st;
+}
+
+static moejit_status warm_all(moejit_model *m, unsigned families) {
+  warm_list w = {.m = m, .arch = mj_ctx_arch(m->ctx)};
+  moejit_status st = warm_list_make(&w, families);
   if (!st) mj_parallel_for(w.n, 0, warm_one, &w);
   for (size_t i = 0; i < w.n && !st; i++)
     if (w.jobs[i].status)
@@ -259,27 +281,36 @@ static moejit_status load_functions(moejit_model *m, unsigned families) {
 
 /* The table of the ctx's device, or (*have 0) why there is none. Fails only
  * where a table exists but cannot be read or parsed. */
-static moejit_status find_table(moejit_ctx *ctx, const moejit_load_opts *opts, mj_tuned_table *t,
-                                int *have, char *why, size_t cap) {
+static moejit_status table_named(const char *device_name, const moejit_load_opts *opts,
+                                 const char *who, mj_tuned_table *t, int *have, char *why,
+                                 size_t cap) {
   *have = 0;
   if (opts && opts->tuned_disable) {
     mj_strlcpy(why, "tuned tables are disabled (moejit_load_opts.tuned_disable)", cap);
     return MOEJIT_OK;
   }
-  moejit_device_info info;
-  if (moejit_ctx_device_info(ctx, &info) != MOEJIT_OK) {
-    snprintf(why, cap, "no tuned table: the device's name is unknown (%s)", moejit_last_error());
-    return MOEJIT_OK;
-  }
-  moejit_status st = mj_tuned_table_for_device(info.name, t);
+  moejit_status st = mj_tuned_table_for_device(device_name, t);
   if (st == MOEJIT_OK) return *have = 1, MOEJIT_OK;
   if (st == MOEJIT_ERR_NOT_FOUND) return mj_strlcpy(why, moejit_last_error(), cap), MOEJIT_OK;
   char msg[1024];
   mj_strlcpy(msg, moejit_last_error(), sizeof msg);
   return mj_fail(st,
-                 "moejit_model_load: %s; HINT: fix or remove the tuned table, or load without it "
+                 "%s: %s; HINT: fix or remove the tuned table, or load without it "
                  "(moejit_load_opts.tuned_disable, $MOEJIT_TUNED_DISABLE=1)",
-                 msg);
+                 who, msg);
+}
+
+static moejit_status find_table(moejit_ctx *ctx, const moejit_load_opts *opts, mj_tuned_table *t,
+                                int *have, char *why, size_t cap) {
+  *have = 0;
+  if (opts && opts->tuned_disable)
+    return table_named(NULL, opts, "moejit_model_load", t, have, why, cap);
+  moejit_device_info info;
+  if (moejit_ctx_device_info(ctx, &info) != MOEJIT_OK) {
+    snprintf(why, cap, "no tuned table: the device's name is unknown (%s)", moejit_last_error());
+    return MOEJIT_OK;
+  }
+  return table_named(info.name, opts, "moejit_model_load", t, have, why, cap);
 }
 
 static int same_cfg(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {
@@ -323,9 +354,9 @@ static void plan_jobs(load_batch *b, unsigned families, const mj_tuned_table *ta
     const int row_i = r->n_kernels++, which = bit == MJ_OPS_GEMM1 ? 1 : bit == MJ_OPS_GEMM2 ? 2 : 0;
     moejit_load_kernel *row = &r->kernels[row_i];
     mj_strlcpy(row->kernel, load_families[i].name, sizeof row->kernel);
-    mj_strlcpy(row->arch, mj_ctx_arch(m->ctx), sizeof row->arch);
+    mj_strlcpy(row->arch, b->arch, sizeof row->arch);
     if (which)
-      mj_gemm_variants_collect(table, no_table, &m->spec, which, mj_ctx_arch(m->ctx),
+      mj_gemm_variants_collect(table, no_table, &m->spec, which, b->arch,
                                &m->gemm_variants[which - 1], row);
     else
       describe_config(&m->spec, bit, row);
@@ -366,11 +397,14 @@ static moejit_status fold_jobs(load_batch *b) {
 
 /* Compiles every requested family, and the GEMMs' tuned variants, at once;
  * the first failure (in layer order) becomes the caller's error. */
-static moejit_status compile_families(moejit_model *m, unsigned families,
-                                      const mj_tuned_table *table, const char *no_table) {
+static moejit_status compile_families(moejit_model *m, moejit_compiler *compiler, const char *arch,
+                                      unsigned families, const mj_tuned_table *table,
+                                      const char *no_table) {
   load_batch *b = calloc(1, sizeof *b);
   if (!b) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_load: out of memory");
   b->m = m;
+  b->compiler = compiler;
+  b->arch = arch;
   plan_jobs(b, families, table, no_table);
   double t0 = mj_now_ms();
   mj_parallel_for(b->n, 0, compile_family, b);
@@ -380,12 +414,12 @@ static moejit_status compile_families(moejit_model *m, unsigned families,
   return st;
 }
 
-static void report_start(moejit_load_report *r, const moejit_spec *spec, moejit_ctx *ctx,
+static void report_start(moejit_load_report *r, const moejit_spec *spec, const char *arch,
                          const char *origin) {
   memset(r, 0, sizeof *r);
   mj_strlcpy(r->model, spec->name, sizeof r->model);
   mj_strlcpy(r->origin, origin ? origin : "spec", sizeof r->origin);
-  mj_strlcpy(r->arch, mj_ctx_arch(ctx), sizeof r->arch);
+  mj_strlcpy(r->arch, arch, sizeof r->arch);
 }
 
 static moejit_status load_into(moejit_model *m, unsigned families, const moejit_load_opts *opts,
@@ -397,13 +431,102 @@ static moejit_status load_into(moejit_model *m, unsigned families, const moejit_
   moejit_status st = MOEJIT_OK;
   if (families & (MJ_OPS_GEMM1 | MJ_OPS_GEMM2))
     st = find_table(m->ctx, opts, &table, &have, no_table, sizeof no_table);
-  if (!st) st = compile_families(m, families, have ? &table : NULL, no_table);
+  if (!st)
+    st = compile_families(m, moejit_ctx_compiler(m->ctx), mj_ctx_arch(m->ctx), families,
+                          have ? &table : NULL, no_table);
   mj_tuned_table_free(&table);
   if (st) return st;
   double t0 = mj_now_ms();
   st = load_functions(m, families);
   m->report.load_ms = mj_now_ms() - t0;
   m->report.total_ms = mj_now_ms() - t_start;
+  return st;
+}
+
+/* ---- prebuilding a load's kernels without a GPU --------------------------- */
+
+/* Worker: the module of one (spec, family) a load resolves entries in. */
+static void prebuild_one(size_t i, void *arg) {
+  warm_list *w = arg;
+  warm_job *j = &w->jobs[i];
+  j->status = build_timed(w->compiler, &j->spec, j->family, w->arch, NULL, &j->hit, &j->ms,
+                          j->message, sizeof j->message);
+}
+
+/* The modules the load's entry lookups reach beyond the family jobs (the
+ * kernel spec a launch plan derives, e.g. the mma.sync decode tile); a
+ * row whose extra kernel was compiled now is no longer a cache hit. */
+static moejit_status prebuild_plans(moejit_model *m, moejit_compiler *compiler, const char *arch) {
+  warm_list w = {.m = m, .arch = arch, .compiler = compiler};
+  moejit_status st = warm_list_make(&w, MJ_OPS_LAYER);
+  if (!st) mj_parallel_for(w.n, 0, prebuild_one, &w);
+  moejit_load_report *r = &m->report;
+  for (size_t i = 0; i < w.n && !st; i++) {
+    const warm_job *j = &w.jobs[i];
+    if (j->status) {
+      st = mj_fail(j->status, "moejit_model_prebuild: %s: %s", j->what, j->message);
+      break;
+    }
+    if (j->hit) continue;
+    for (int k = 0; k < r->n_kernels; k++) {
+      moejit_load_kernel *row = &r->kernels[k];
+      if (strcmp(row->kernel, j->family) != 0) continue;
+      row->ms += j->ms;
+      if (row->cache_hit) row->cache_hit = 0, r->cache_hits--, r->cache_misses++;
+    }
+  }
+  free(w.jobs);
+  return st;
+}
+
+moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec *spec,
+                                    const char *arch, const char *device_name,
+                                    const moejit_load_opts *opts) {
+  const double t_start = mj_now_ms();
+  if (!compiler || !spec)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_prebuild: %s is NULL",
+                   !compiler ? "compiler" : "spec");
+  moejit_status st = moejit_spec_validate(spec);
+  if (st) return mj_fail_prefix(st, "moejit_model_prebuild");
+  if ((st = check_supported(spec))) return st;
+  if (opts && (opts->ep.world > 0 || opts->ep.nccl_comm))
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "moejit_model_prebuild: builds one GPU's layer; an expert-parallel load "
+                   "builds each rank's kernels for its own experts; HINT: leave opts.ep zero");
+  if (!arch && spec->n_archs > 0) arch = spec->archs[0];
+  if (!arch || !mj_arch_parse(arch, NULL))
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "moejit_model_prebuild: arch '%s' is not an arch like sm_90a; HINT: name the "
+                   "arch of the GPU the model will load on (sm_90a for an H100; 'auto' needs "
+                   "that GPU)",
+                   arch ? arch : "(none)");
+  moejit_model *m = calloc(1, sizeof *m);
+  if (!m) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_prebuild: out of memory");
+  m->spec = *spec;
+  m->sm_count = 1;
+  report_start(&m->report, spec, arch, "spec");
+  mj_tuned_table table;
+  memset(&table, 0, sizeof table);
+  int have = 0;
+  char no_table[512] = "";
+  if (device_name && *device_name)
+    st = table_named(device_name, opts, "moejit_model_prebuild", &table, &have, no_table,
+                     sizeof no_table);
+  else
+    mj_strlcpy(no_table,
+               "no tuned table: no device named (moejit_model_prebuild builds the heuristic "
+               "kernels only)",
+               sizeof no_table);
+  if (!st) st = compile_families(m, compiler, arch, MJ_OPS_LAYER, have ? &table : NULL, no_table);
+  mj_tuned_table_free(&table);
+  if (!st) {
+    double t0 = mj_now_ms();
+    st = prebuild_plans(m, compiler, arch);
+    m->report.compile_ms += mj_now_ms() - t0;
+  }
+  m->report.total_ms = mj_now_ms() - t_start;
+  if (opts && opts->report) *opts->report = m->report;
+  free(m);
   return st;
 }
 
@@ -443,7 +566,7 @@ moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsig
   m->ctx = ctx;
   m->spec = *spec;
   m->sm_count = limits.sm_count > 0 ? limits.sm_count : 1;
-  report_start(&m->report, spec, ctx, origin);
+  report_start(&m->report, spec, mj_ctx_arch(ctx), origin);
   st = load_into(m, families, opts, t_start);
   if (opts && opts->report) *opts->report = m->report;
   if (st) {

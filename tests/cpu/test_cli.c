@@ -121,6 +121,39 @@ Test(cli, compile_twice_second_is_all_cache_hits) {
   free(cache);
 }
 
+Test(cli, compile_for_a_device_builds_what_its_load_builds) {
+  char *cache = NULL;
+  cr_assert(asprintf(&cache, "%s/cache", tmp) > 0);
+  const char *const env[] = {"MOEJIT_TUNED_DIR=", "MOEJIT_TUNED_DISABLE=", NULL};
+  char *out = NULL, *err = NULL;
+  int rc = ts_run_cli(
+      (const char *const[]){"compile", "--preset", "olmoe-1b-7b", "--arch", "sm_90a", "--device",
+                            "CLI Test GPU", "--cache-dir", cache, "--json", NULL},
+      env, &out, &err);
+  cr_assert_eq(rc, 0, "%s %s", out, err);
+  cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  cr_expect(strstr(out, "\"device\":\"CLI Test GPU\"") && strstr(out, "\"arch\":\"sm_90a\""), "%s",
+            out);
+  cr_expect(strstr(out, "\"kernels\":5,\"cache_hits\":0,\"cache_misses\":5"), "%s", out);
+  cr_expect(strstr(out, "no tuned table for CLI Test GPU"), "the report says why: %s", out);
+  free(out), free(err);
+  rc = ts_run_cli((const char *const[]){"compile", "--preset", "olmoe-1b-7b", "--arch", "sm_90a",
+                                        "--device", "CLI Test GPU", "--cache-dir", cache, NULL},
+                  env, &out, &err);
+  cr_assert_eq(rc, 0, "%s %s", out, err);
+  cr_expect(strstr(out, "5 kernel families, 5 from cache, 0 compiled now"), "%s", out);
+  cr_expect_eq(ts_count_substr(out, " hit "), 5, "%s", out);
+  free(out), free(err);
+  cr_expect_eq(ts_count_files(cache, ".mjc"), 5);
+  /* an arch that a prebuild cannot take: usage error, nothing compiled */
+  rc = RUN(&out, &err, "compile", "--preset", "olmoe-1b-7b", "--arch", "auto", "--device", "X",
+           "--cache-dir", cache);
+  cr_expect_eq(rc, 2, "%s %s", out, err);
+  cr_expect(strstr(err, "HINT"), "%s", err);
+  free(out), free(err);
+  free(cache);
+}
+
 Test(cli, verify_finds_corrupt_entry_and_fix_removes_it) {
   char *cache = NULL;
   cr_assert(asprintf(&cache, "%s/cache", tmp) > 0);

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "ops/ops.h"
 #include "test_support.h"
+#include "tuned_support.h"
 #include "tune/tuned_table.h"
 
 #define OK(call) cr_assert_eq((call), MOEJIT_OK, "%s: %s", #call, moejit_last_error())
@@ -409,21 +410,6 @@ static moejit_spec qwen(void) {
   return s;
 }
 
-static mj_tuned_entry entry_for(const moejit_spec *s, const char *kernel, int64_t tokens,
-                                moejit_gemm_cfg cfg, moejit_gemm_path path) {
-  mj_tuned_entry e;
-  memset(&e, 0, sizeof e);
-  strcpy(e.kernel, kernel);
-  e.dtype = s->act_dtype;
-  e.hidden = s->hidden, e.expert_width = s->expert_width;
-  e.experts = s->experts, e.top_k = s->top_k;
-  e.tokens = tokens;
-  e.cfg = cfg;
-  e.path = path;
-  e.us = 10.0 + (double)tokens;
-  return e;
-}
-
 static moejit_gemm_cfg tile(int m, int n, int k, int stages, int warps) {
   return (moejit_gemm_cfg){m, n, k, stages, warps, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
 }
@@ -451,7 +437,7 @@ Test(tuned_lookup, exact_nearest_and_ties) {
   const int64_t buckets[] = {1, 8, 32, 256, 2048};
   for (size_t i = 0; i < 5; i++) {
     mj_tuned_entry e =
-        entry_for(&s, "gemm1", buckets[i], tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+        ts_tuned_entry(&s, "gemm1", buckets[i], tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
     OK(mj_tuned_table_put(&t, &e));
   }
   mj_tuned_match m;
@@ -495,7 +481,7 @@ Test(tuned_lookup, nearest_matches_a_brute_force) {
     for (size_t i = 0; i < n; i++) {
       b[i] = 1 + (int64_t)(ts_next(&r) % (round % 2 ? 64 : 1000000));
       mj_tuned_entry e =
-          entry_for(&s, "gemm2", b[i], tile(128, 128, 64, 3, 8), MOEJIT_GEMM_PATH_MMA);
+          ts_tuned_entry(&s, "gemm2", b[i], tile(128, 128, 64, 3, 8), MOEJIT_GEMM_PATH_MMA);
       OK(mj_tuned_table_put(&t, &e)); /* a repeated bucket replaces: same rule */
     }
     int64_t tok = 1 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
@@ -513,16 +499,16 @@ Test(tuned_lookup, entries_that_cannot_run_the_spec_are_skipped) {
   mj_tuned_table t;
   fill_header(&t, "dev");
   /* 256x256 with 4 warps: 512 accumulators per thread, refused by validate */
-  mj_tuned_entry e = entry_for(&s, "gemm1", 8, tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_MMA);
+  mj_tuned_entry e = ts_tuned_entry(&s, "gemm1", 8, tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   /* mma.sync takes 4 or 8 warps */
-  e = entry_for(&s, "gemm1", 16, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_MMA);
+  e = ts_tuned_entry(&s, "gemm1", 16, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   mj_tuned_match m;
   cr_expect_null(mj_tuned_lookup(&t, "gemm1", &s, 8, &m));
   cr_expect_eq(m, MJ_TUNED_NONE);
   /* the same 12-warp tile on wgmma is fine */
-  e = entry_for(&s, "gemm1", 64, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_WGMMA);
+  e = ts_tuned_entry(&s, "gemm1", 64, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_WGMMA);
   OK(mj_tuned_table_put(&t, &e));
   const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &s, 8, &m);
   cr_assert_not_null(got);
@@ -539,7 +525,8 @@ Test(tuned_lookup, gemv_entries_apply_where_the_gemv_kernel_runs) {
   moejit_spec s = qwen();
   mj_tuned_table t;
   fill_header(&t, "dev");
-  mj_tuned_entry e = entry_for(&s, "gemm1", 1, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_GEMV);
+  mj_tuned_entry e =
+      ts_tuned_entry(&s, "gemm1", 1, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_GEMV);
   OK(mj_tuned_table_put(&t, &e));
   mj_tuned_match m;
   const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &s, 2, &m);
@@ -547,7 +534,8 @@ Test(tuned_lookup, gemv_entries_apply_where_the_gemv_kernel_runs) {
             "12 warps: the mma kernel would refuse it, the GEMV kernel does not care");
   cr_expect_null(mj_tuned_entry_blocker(got, &s));
   /* a tile that does not validate: skipped, even on gemv */
-  mj_tuned_entry bad = entry_for(&s, "gemm1", 8, tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_GEMV);
+  mj_tuned_entry bad =
+      ts_tuned_entry(&s, "gemm1", 8, tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_GEMV);
   cr_expect_str_eq(mj_tuned_entry_blocker(&bad, &s), "the tile does not validate for this spec");
   OK(mj_tuned_table_put(&t, &bad));
   got = mj_tuned_lookup(&t, "gemm1", &s, 8, &m);
@@ -558,7 +546,7 @@ Test(tuned_lookup, gemv_entries_apply_where_the_gemv_kernel_runs) {
   f.act_dtype = f.weight_dtype = f.out_dtype = MOEJIT_DTYPE_FP32;
   f.gemm1 = f.gemm2 = tile(64, 64, 32, 2, 4);
   OK(moejit_spec_validate(&f));
-  mj_tuned_entry ef = entry_for(&s, "gemm1", 1, f.gemm1, MOEJIT_GEMM_PATH_GEMV);
+  mj_tuned_entry ef = ts_tuned_entry(&s, "gemm1", 1, f.gemm1, MOEJIT_GEMM_PATH_GEMV);
   const char *why = mj_tuned_entry_blocker(&ef, &f);
   cr_expect(why && strstr(why, "fp16 or bf16"), "%s", why ? why : "(null)");
   cr_expect_null(mj_tuned_lookup(&t, "gemm1", &f, 1, &m));
@@ -587,7 +575,8 @@ static char *write_table(const char *dir, const char *device, const char *file_d
                          const moejit_spec *s, int64_t tokens) {
   mj_tuned_table t;
   fill_header(&t, device);
-  mj_tuned_entry e = entry_for(s, "gemm1", tokens, tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+  mj_tuned_entry e =
+      ts_tuned_entry(s, "gemm1", tokens, tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   char file[256], *path = malloc(1200);
   cr_assert(path);
@@ -727,9 +716,9 @@ static void tuned_qwen_table(mj_tuned_table *t, const moejit_spec *s) {
   fill_header(t, "NVIDIA H100 80GB HBM3");
   strcpy(t->origin, "embedded:NVIDIA_H100_80GB_HBM3.yaml");
   const mj_tuned_entry es[] = {
-      entry_for(s, "gemm1", 256, tile(128, 256, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA),
-      entry_for(s, "gemm1", 1, tile(64, 64, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA),
-      entry_for(s, "gemm1", 32, tile(16, 256, 128, 3, 8), MOEJIT_GEMM_PATH_MMA),
+      ts_tuned_entry(s, "gemm1", 256, tile(128, 256, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm1", 1, tile(64, 64, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm1", 32, tile(16, 256, 128, 3, 8), MOEJIT_GEMM_PATH_MMA),
   };
   for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(t, &es[i]));
 }
@@ -782,7 +771,7 @@ Test(tuned_pick, no_table_or_no_runnable_entry_falls_back_visibly) {
   mj_tuned_table_free(&t);
   fill_header(&t, "dev");
   strcpy(t.origin, "/x/dev.yaml");
-  mj_tuned_entry e = entry_for(&s, "gemm2", 4, tile(64, 64, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
+  mj_tuned_entry e = ts_tuned_entry(&s, "gemm2", 4, tile(64, 64, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
   OK(mj_tuned_table_put(&t, &e));
   p = collect(&t, NULL, &s, 2, "sm_86");
   cr_expect_eq(p.v.n, 0);
@@ -837,8 +826,8 @@ Test(tuned_pick, gemv_variant_runs_the_gemv_kernel) {
   fill_header(&t, "dev");
   strcpy(t.origin, "dev.yaml");
   const mj_tuned_entry es[] = {
-      entry_for(&s, "gemm2", 1, s.gemm2, MOEJIT_GEMM_PATH_GEMV),
-      entry_for(&s, "gemm2", 32, tile(16, 128, 128, 3, 4), MOEJIT_GEMM_PATH_MMA),
+      ts_tuned_entry(&s, "gemm2", 1, s.gemm2, MOEJIT_GEMM_PATH_GEMV),
+      ts_tuned_entry(&s, "gemm2", 32, tile(16, 128, 128, 3, 4), MOEJIT_GEMM_PATH_MMA),
   };
   for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(&t, &es[i]));
   const char *archs[] = {"sm_90a", "sm_80", ""};
@@ -868,7 +857,7 @@ Test(tuned_pick, a_variant_whose_plan_fails_at_this_t_falls_back) {
   mj_tuned_table t;
   fill_header(&t, "dev");
   strcpy(t.origin, "dev.yaml");
-  mj_tuned_entry e = entry_for(&s, "gemm1", 1, tile(16, 32, 64, 4, 4), MOEJIT_GEMM_PATH_MMA);
+  mj_tuned_entry e = ts_tuned_entry(&s, "gemm1", 1, tile(16, 32, 64, 4, 4), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   picked p = collect(&t, NULL, &s, 1, "sm_90a");
   cr_assert_eq(p.v.n, 1);
@@ -907,7 +896,7 @@ Test(tuned_pick, model_gemm_choice_describes_what_runs) {
   mj_tuned_table t;
   fill_header(&t, "Fake GPU");
   strcpy(t.origin, "/x/Fake_GPU.yaml");
-  mj_tuned_entry e = entry_for(&s, "gemm1", 4, tile(32, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+  mj_tuned_entry e = ts_tuned_entry(&s, "gemm1", 4, tile(32, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   moejit_model *m = fake_model(&t, &s);
   char desc[512];

@@ -5,7 +5,8 @@
  * per T (exact and nearest buckets) and matches the float64 reference at
  * every T, graph replays are bitwise equal to eager runs without a module
  * load, a reload is all cache hits, and opting out or a broken table behave
- * as documented. Skips without a GPU. */
+ * as documented; a cache prebuilt for this device (moejit_model_prebuild)
+ * leaves the load nothing to compile. Skips without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -343,6 +344,60 @@ Test(layer_tuned, reload_hits_and_opting_out) {
   moejit_model_destroy(m3);
   moejit_model_destroy(m2);
   moejit_model_destroy(m);
+  unsetenv("MOEJIT_TUNED_DIR");
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* moejit_model_prebuild for this device's name and arch into an empty
+ * cache, then a load in a new ctx on that cache: every family and tuned
+ * kernel a cache hit, and no cache entry added (the kernels the launch
+ * plans derive were prebuilt too). */
+Test(layer_tuned, a_prebuilt_cache_leaves_the_load_nothing_to_compile) {
+  OPS_REQUIRE_GPU();
+  moejit_spec s = small_spec();
+  char path[1200];
+  char *dir = install_table(&s, path, sizeof path);
+  moejit_device_info info;
+  OPS_OK(moejit_ctx_device_info(ops_ctx(), &info));
+  char *cache = ts_mkdtemp("prebuilt-cache");
+  moejit_compiler_opts co;
+  moejit_compiler_opts_init(&co);
+  co.cache_dir = cache;
+  moejit_compiler *comp = NULL;
+  OPS_OK(moejit_compiler_create(&comp, &co));
+  moejit_load_report pre, r;
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.report = &pre;
+  OPS_OK(moejit_model_prebuild(comp, &s, info.arch, info.name, &o));
+  moejit_compiler_destroy(comp);
+  cr_expect_eq(pre.cache_misses, 5);
+  cr_expect_str_eq(row_of(&pre, "gemm1")->config_source, "tuned");
+  cr_expect_gt(row_of(&pre, "gemm1")->variants, 0);
+  const int files = ts_count_files(cache, ".mjc");
+  cr_expect_geq(files, 5 + row_of(&pre, "gemm1")->variants + row_of(&pre, "gemm2")->variants);
+
+  moejit_ctx_opts copts;
+  moejit_ctx_opts_init(&copts);
+  copts.compiler.cache_dir = cache;
+  moejit_ctx *ctx = NULL;
+  OPS_OK(moejit_ctx_create(&ctx, &copts));
+  o.report = &r;
+  moejit_model *m = NULL;
+  OPS_OK(moejit_model_load_spec(ctx, &s, &o, &m));
+  cr_expect_eq(r.cache_hits, 5, "%d of 5 families from the prebuilt cache", r.cache_hits);
+  for (int which = 1; which <= 2; which++) {
+    const moejit_load_kernel *k = row_of(&r, which == 1 ? "gemm1" : "gemm2");
+    cr_expect_eq(k->variants, row_of(&pre, k->kernel)->variants, "%s", k->kernel);
+    cr_expect_eq(k->variant_hits, k->variants, "%s: %d of %d tuned kernels cached", k->kernel,
+                 k->variant_hits, k->variants);
+  }
+  cr_expect_eq(ts_count_files(cache, ".mjc"), files, "the load compiled a kernel");
+  moejit_model_destroy(m);
+  moejit_ctx_destroy(ctx);
+  ts_rmtree(cache);
+  free(cache);
   unsetenv("MOEJIT_TUNED_DIR");
   ts_rmtree(dir);
   free(dir);

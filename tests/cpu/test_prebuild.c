@@ -1,0 +1,195 @@
+/* moejit_model_prebuild without a GPU: it builds the five families plus one
+ * kernel per distinct tuned tile of the named device's table (a tile equal
+ * to the spec's own, or repeated across buckets, adds none), a second call
+ * and a call without a device are all cache hits with no new cache file,
+ * the report says where each configuration came from, and bad arguments or
+ * a broken table fail before anything compiles. The GPU half (a load after
+ * a prebuild compiles nothing) is in tests/gpu/test_layer.c. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "test_support.h"
+#include "tuned_support.h"
+
+#define OK(call) cr_assert_eq((call), MOEJIT_OK, "%s: %s", #call, moejit_last_error())
+
+static char *tmp, *cache, *tables;
+static const char *const kDevice = "Prebuild Test GPU";
+
+static void setup(void) {
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  unsetenv("MOEJIT_CACHE_DISABLE");
+  tmp = ts_mkdtemp("prebuild");
+  cr_assert(asprintf(&cache, "%s/cache", tmp) > 0 && asprintf(&tables, "%s/tuned", tmp) > 0);
+  cr_assert(mj_mkdir_p(tables, 0755) == MOEJIT_OK, "%s", moejit_last_error());
+  setenv("MOEJIT_TUNED_DIR", tables, 1);
+}
+static void teardown(void) {
+  unsetenv("MOEJIT_TUNED_DIR");
+  ts_rmtree(tmp);
+  free(tmp), free(cache), free(tables);
+}
+
+TestSuite(prebuild, .init = setup, .fini = teardown, .timeout = 600);
+
+static moejit_spec qwen(void) {
+  moejit_spec s;
+  OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
+  return s;
+}
+
+static moejit_gemm_cfg tile(int m, int n, int k, int stages) {
+  return (moejit_gemm_cfg){
+      m, n, k, stages, 8, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
+}
+
+/* The device's table in $MOEJIT_TUNED_DIR: gemm1 with its own tile at T=1
+ * and one other tile at T=32 and T=256 (one new kernel); gemm2 with one
+ * other tile at T=64 (one new kernel). */
+static void write_device_table(const moejit_spec *s) {
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, kDevice, sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  mj_strlcpy(t.nvrtc, "13.0", sizeof t.nvrtc);
+  t.driver = 13000;
+  mj_strlcpy(t.date, "2026-11-25", sizeof t.date);
+  const mj_tuned_entry es[] = {
+      ts_tuned_entry(s, "gemm1", 1, s->gemm1, MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm1", 32, tile(64, 128, 64, 6), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm1", 256, tile(64, 128, 64, 6), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm2", 64, tile(64, 128, 64, 4), MOEJIT_GEMM_PATH_WGMMA),
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(&t, &es[i]));
+  char file[256], path[1200];
+  mj_tuned_file_name(kDevice, file, sizeof file);
+  snprintf(path, sizeof path, "%s/%s", tables, file);
+  OK(mj_tuned_table_write(&t, path));
+  mj_tuned_table_free(&t);
+}
+
+static moejit_compiler *compiler(void) {
+  moejit_compiler_opts o;
+  moejit_compiler_opts_init(&o);
+  o.cache_dir = cache;
+  moejit_compiler *c = NULL;
+  OK(moejit_compiler_create(&c, &o));
+  return c;
+}
+
+static const moejit_load_kernel *row(const moejit_load_report *r, const char *kernel) {
+  for (int i = 0; i < r->n_kernels; i++)
+    if (strcmp(r->kernels[i].kernel, kernel) == 0) return &r->kernels[i];
+  cr_assert_fail("no report row for %s", kernel);
+  return NULL;
+}
+
+static moejit_status prebuild(moejit_compiler *c, const moejit_spec *s, const char *device,
+                              int tuned_disable, moejit_load_report *r) {
+  moejit_load_opts opts;
+  moejit_load_opts_init(&opts);
+  opts.report = r;
+  opts.tuned_disable = tuned_disable;
+  memset(r, 0x5a, sizeof *r); /* poison: the call must fill it */
+  return moejit_model_prebuild(c, s, "sm_90a", device, &opts);
+}
+
+Test(prebuild, tuned_tiles_once_then_every_call_is_all_hits) {
+  moejit_spec s = qwen();
+  write_device_table(&s);
+  moejit_compiler *c = compiler();
+  moejit_load_report r;
+
+  OK(prebuild(c, &s, kDevice, 0, &r));
+  cr_expect_str_eq(r.model, "qwen3-30b-a3b");
+  cr_expect_str_eq(r.arch, "sm_90a");
+  cr_assert_eq(r.n_kernels, 5, "route, align, gemm1, gemm2, combine");
+  cr_expect_eq(r.cache_misses, 5);
+  cr_expect_eq(r.cache_hits, 0);
+  cr_expect_eq(r.load_ms, 0.0, "nothing is loaded");
+  cr_expect(r.total_ms >= r.compile_ms && r.compile_ms > 0);
+  const moejit_load_kernel *g1 = row(&r, "gemm1"), *g2 = row(&r, "gemm2");
+  cr_expect_str_eq(g1->config_source, "tuned");
+  cr_expect_str_eq(g1->config, "3 buckets, T=1..256");
+  cr_expect_eq(g1->variants, 1, "T=1 is the spec's own tile, T=32 and T=256 share one");
+  cr_expect_eq(g1->variant_hits, 0);
+  cr_expect_str_eq(g2->config_source, "tuned");
+  cr_expect_eq(g2->variants, 1);
+  cr_expect_str_eq(row(&r, "route")->config_source, "heuristic");
+  const int files = ts_count_files(cache, ".mjc");
+  cr_expect_eq(files, 5 + 2, "one cache entry per family and per new tile");
+
+  /* a new compiler (no memory cache): everything from disk */
+  moejit_compiler_destroy(c);
+  c = compiler();
+  OK(prebuild(c, &s, kDevice, 0, &r));
+  cr_expect_eq(r.cache_hits, 5);
+  cr_expect_eq(r.cache_misses, 0);
+  cr_expect(row(&r, "gemm1")->cache_hit && row(&r, "gemm1")->variant_hits == 1);
+  cr_expect(row(&r, "gemm2")->cache_hit && row(&r, "gemm2")->variant_hits == 1);
+  cr_expect_eq(ts_count_files(cache, ".mjc"), files);
+
+  /* no device, an unknown device, tables off: the heuristic kernels, which
+   * are already there, and the report says why no table was used */
+  static const struct {
+    const char *device;
+    int disable;
+    const char *why;
+  } cases[] = {{NULL, 0, "no device named"},
+               {"Another GPU", 0, "no tuned table for Another GPU"},
+               {kDevice, 1, "tuned tables are disabled"}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
+    OK(prebuild(c, &s, cases[i].device, cases[i].disable, &r));
+    cr_expect_eq(r.cache_hits, 5, "case %zu", i);
+    cr_expect_eq(r.cache_misses, 0, "case %zu", i);
+    g1 = row(&r, "gemm1");
+    cr_expect_str_eq(g1->config_source, "heuristic", "case %zu", i);
+    cr_expect_eq(g1->variants, 0, "case %zu", i);
+    cr_expect(strstr(g1->config_detail, cases[i].why), "case %zu: %s", i, g1->config_detail);
+  }
+  cr_expect_eq(ts_count_files(cache, ".mjc"), files);
+  moejit_compiler_destroy(c);
+}
+
+Test(prebuild, bad_arguments_and_a_broken_table_fail_before_compiling) {
+  moejit_spec s = qwen();
+  moejit_compiler *c = compiler();
+  moejit_load_report r;
+  cr_expect_eq(moejit_model_prebuild(NULL, &s, "sm_90a", NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "compiler is NULL"), "%s", moejit_last_error());
+  cr_expect_eq(moejit_model_prebuild(c, NULL, "sm_90a", NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  static const char *const bad_arch[] = {"auto", "sm_9", "compute_90", ""};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bad_arch); i++) {
+    cr_expect_eq(moejit_model_prebuild(c, &s, bad_arch[i], kDevice, NULL),
+                 MOEJIT_ERR_INVALID_ARGUMENT, "%s", bad_arch[i]);
+    cr_expect(strstr(moejit_last_error(), "HINT"), "%s", moejit_last_error());
+  }
+  moejit_spec bad = s;
+  bad.top_k = bad.experts + 1;
+  cr_expect_eq(moejit_model_prebuild(c, &bad, "sm_90a", NULL, NULL), MOEJIT_ERR_CONFIG);
+  cr_expect(strstr(moejit_last_error(), "top_k"), "%s", moejit_last_error());
+  moejit_load_opts opts;
+  moejit_load_opts_init(&opts);
+  opts.ep.world = 2;
+  cr_expect_eq(moejit_model_prebuild(c, &s, "sm_90a", NULL, &opts), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "opts.ep"), "%s", moejit_last_error());
+
+  /* a table that does not parse: CONFIG with its position, as a load */
+  char file[256];
+  mj_tuned_file_name(kDevice, file, sizeof file);
+  char text[256];
+  snprintf(text, sizeof text, "device: \"%s\"\nentries:\n  - {kernel: gemm1}\n", kDevice);
+  free(ts_write_file(tables, file, text));
+  moejit_load_opts_init(&opts);
+  opts.report = &r;
+  cr_expect_eq(moejit_model_prebuild(c, &s, "sm_90a", kDevice, &opts), MOEJIT_ERR_CONFIG);
+  const char *msg = moejit_last_error();
+  cr_expect(strstr(msg, "moejit_model_prebuild: ") && strstr(msg, ":3:5: entries[0]") &&
+                strstr(msg, "HINT"),
+            "%s", msg);
+  cr_expect_eq(ts_count_files(tmp, ".mjc"), 0, "nothing was compiled");
+  moejit_compiler_destroy(c);
+}
