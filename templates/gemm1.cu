@@ -98,12 +98,15 @@ __device__ __forceinline__ void mj_gemm1_mma(const AT *__restrict__ a, const WT 
   }
 }
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_mma)
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
 moejit_gemm1_swiglu_mma(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
                         const int *__restrict__ offsets, int max_rows) {
   mj_gemm1_mma(a, w, h, offsets, max_rows);
 }
+#endif
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_simt)
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
 moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
                          const int *__restrict__ offsets, int max_rows) {
@@ -115,6 +118,7 @@ moejit_gemm1_swiglu_simt(const act_t *__restrict__ a, const weight_t *__restrict
     mj_store1(h + (long long)row * kExpertWidth + col, mj_silu(gate) * up);
   });
 }
+#endif
 
 // ---- decode: weight streaming (common/gemm_gemv.cuh) --------------------------
 
@@ -163,11 +167,13 @@ __device__ __forceinline__ void mj_gemm1_gemv(const AT *__restrict__ a, const WT
   }
 }
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_gemv)
 extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_gemm1_swiglu_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
                          const int *__restrict__ offsets, int max_rows) {
   mj_gemm1_gemv(a, w, h, offsets, max_rows);
 }
+#endif
 
 // ---- the decode layer: route + GEMM 1 + SwiGLU, then GEMM 2 + combine ------------
 // tokens * kTopK <= kGemvPassRows (the host checks). Warp t of every block
@@ -227,6 +233,7 @@ __device__ __forceinline__ void mj_decode_gemm1_units(const AT *__restrict__ x, 
                      mj_decode1_hook<WT>{w2, prefetch});
 }
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm1)
 extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_layer_decode_gemm1(const logits_t *__restrict__ logits, const float *__restrict__ bias,
                           const act_t *__restrict__ x, const weight_t *__restrict__ w, act_t *__restrict__ h,
@@ -241,6 +248,7 @@ moejit_layer_decode_gemm1(const logits_t *__restrict__ logits, const float *__re
     mj_decode_gemm1_units(x, w, h, ids, entries, w2, prefetch);
   }
 }
+#endif
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
@@ -297,15 +305,18 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
 #endif
 }
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_wgmma)
 extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
 moejit_gemm1_swiglu_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                           act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
   mj_gemm1_wgmma<Gemm1Wg, kWgCluster>(&tmap_a, &tmap_w, h, offsets, max_rows);
 }
+#endif
 
 // The spec tile reading A rows of x in place: row r of A is x row
 // a_index[r] / a_div (< 0, or at or past x_rows: zeros); the layer passes
 // align's sorted_slot and top_k, so the permuted copy of x is never made.
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_wgmma_gather)
 extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
 moejit_gemm1_swiglu_wgmma_gather(const __grid_constant__ mj_tmap tmap_w, const act_t *__restrict__ x,
                                  const int *__restrict__ a_index, int a_div, int x_rows, act_t *__restrict__ h,
@@ -317,9 +328,12 @@ moejit_gemm1_swiglu_wgmma_gather(const __grid_constant__ mj_tmap tmap_w, const a
   __trap(); // not an sm_90a build
 #endif
 }
+#endif
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_wgmma_narrow)
 extern "C" __global__ void __launch_bounds__(Gemm1WgNarrow::kThreads, 1)
 moejit_gemm1_swiglu_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                                  act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
   mj_gemm1_wgmma<Gemm1WgNarrow, 1>(&tmap_a, &tmap_w, h, offsets, max_rows);
 }
+#endif

@@ -80,12 +80,15 @@ __device__ __forceinline__ void mj_gemm2_mma(const AT *__restrict__ a, const WT 
   }
 }
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm2_mma)
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
 moejit_gemm2_mma(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
                  const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
   mj_gemm2_mma(a, w, y, offsets, scale, max_rows);
 }
+#endif
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm2_simt)
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
 moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
                   const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
@@ -95,6 +98,7 @@ moejit_gemm2_simt(const act_t *__restrict__ a, const weight_t *__restrict__ w, a
     mj_store1(y + (long long)row * kHidden + col, scale ? scale[row] * v : v);
   });
 }
+#endif
 
 // ---- decode: weight streaming (common/gemm_gemv.cuh) --------------------------
 
@@ -145,11 +149,13 @@ __device__ __forceinline__ void mj_gemm2_gemv(const AT *__restrict__ a, const WT
   }
 }
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm2_gemv)
 extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_gemm2_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
                   const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
   mj_gemm2_gemv(a, w, y, offsets, scale, max_rows);
 }
+#endif
 
 // ---- the decode layer, second launch: GEMM 2 + combine --------------------------
 // h rows are entries p = t * kTopK + j (moejit_layer_decode_gemm1). Units
@@ -226,6 +232,7 @@ __device__ __forceinline__ void mj_decode_gemm2(const AT *__restrict__ h, const 
   }
 }
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm2)
 extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
 moejit_layer_decode_gemm2(const act_t *__restrict__ h, const weight_t *__restrict__ w,
                           const int *__restrict__ topk_ids, const float *__restrict__ topk_weights,
@@ -233,6 +240,7 @@ moejit_layer_decode_gemm2(const act_t *__restrict__ h, const weight_t *__restric
                           unsigned *__restrict__ counters) {
   mj_decode_gemm2(h, w, topk_ids, topk_weights, tokens, out, part, counters);
 }
+#endif
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
@@ -280,16 +288,20 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
 #endif
 }
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm2_wgmma)
 extern "C" __global__ void __launch_bounds__(Gemm2Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
 moejit_gemm2_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                    act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
                    int max_rows) {
   mj_gemm2_wgmma<Gemm2Wg, kWgCluster>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }
+#endif
 
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm2_wgmma_narrow)
 extern "C" __global__ void __launch_bounds__(Gemm2WgNarrow::kThreads, 1)
 moejit_gemm2_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                           act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
                           int max_rows) {
   mj_gemm2_wgmma<Gemm2WgNarrow, 1>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }
+#endif

@@ -499,8 +499,62 @@ static moejit_status generate(const moejit_spec *spec, const char *family, const
   return s;
 }
 
+int mj_entry_set_add(mj_entry_set *set, const char *name) {
+  for (int i = 0; i < set->n; i++)
+    if (strcmp(set->name[i], name) == 0) return 1;
+  if (set->n == MJ_MAX_ENTRIES) return 0;
+  set->name[set->n++] = name;
+  return 1;
+}
+
+static int in_set(const mj_entry_set *set, const char *name) {
+  for (int i = 0; i < set->n; i++)
+    if (strcmp(set->name[i], name) == 0) return 1;
+  return 0;
+}
+
+/* Keeps only the wanted entries (template order) and puts their defines in
+ * front of the source. */
+static moejit_status select_entries(mj_kernel_source *ks, const mj_entry_set *only) {
+  for (int i = 0; i < only->n; i++) {
+    int found = 0;
+    for (int e = 0; e < ks->n_entries && !found; e++)
+      found = !strcmp(ks->entries[e], only->name[i]);
+    if (!found)
+      return mj_fail(MOEJIT_ERR_NOT_FOUND,
+                     "kernel '%s' has no entry '%s'; HINT: entries are the extern \"C\" "
+                     "__global__ functions of templates/%s",
+                     ks->family, only->name[i], ks->template_name);
+  }
+  mj_buf b = {0};
+  mj_buf_printf(&b, "#define MJ_ENTRY_SUBSET 1\n");
+  int kept = 0;
+  for (int e = 0; e < ks->n_entries; e++) {
+    if (!in_set(only, ks->entries[e])) continue;
+    mj_buf_printf(&b, "#define MJ_WANT_%s 1\n", ks->entries[e]);
+    if (kept != e) memcpy(ks->entries[kept], ks->entries[e], sizeof ks->entries[0]);
+    kept++;
+  }
+  ks->n_entries = kept;
+  mj_buf_append(&b, ks->source, ks->source_len);
+  if (b.oom) {
+    mj_buf_free(&b);
+    return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory generating source");
+  }
+  free(ks->source);
+  ks->source_len = b.len;
+  ks->source = mj_buf_take(&b);
+  return MOEJIT_OK;
+}
+
 moejit_status mj_codegen(const moejit_spec *spec, const char *family, const char *arch,
                          const char *template_dir, mj_kernel_source *out) {
+  return mj_codegen_entries(spec, family, arch, template_dir, NULL, out);
+}
+
+moejit_status mj_codegen_entries(const moejit_spec *spec, const char *family, const char *arch,
+                                 const char *template_dir, const mj_entry_set *only,
+                                 mj_kernel_source *out) {
   if (!out) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "mj_codegen: out is NULL");
   memset(out, 0, sizeof *out);
   if (!spec || !family || !arch)
@@ -519,6 +573,7 @@ moejit_status mj_codegen(const moejit_spec *spec, const char *family, const char
   snprintf(out->template_name, sizeof out->template_name, "%s.cu", family);
   s = generate(spec, family, arch, sm, template_dir_choice(template_dir), out);
   if (!s) s = scan_entries(out);
+  if (!s && only && only->n > 0) s = select_entries(out, only);
   if (s) mj_kernel_source_free(out);
   return s;
 }

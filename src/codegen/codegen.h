@@ -19,6 +19,15 @@ typedef struct mj_kernel_source {
   size_t source_len;
 } mj_kernel_source;
 
+/* Some of a template's entries, by name (not owned). */
+typedef struct mj_entry_set {
+  int n;
+  const char *name[MJ_MAX_ENTRIES];
+} mj_entry_set;
+
+/* Adds name unless present; 0 when the set is full. */
+int mj_entry_set_add(mj_entry_set *set, const char *name);
+
 /* Families with a template, in layer order; NULL-terminated. */
 extern const char *const mj_kernel_families[];
 /* Families built only for expert-parallel models: {"ep", NULL}. */
@@ -32,6 +41,17 @@ extern const char *const mj_extra_families[];
  * defines no extern "C" __global__ entry. On failure *out is zeroed. */
 moejit_status mj_codegen(const moejit_spec *spec, const char *family, const char *arch,
                          const char *template_dir, mj_kernel_source *out);
+
+/* mj_codegen for only some entries (`only` NULL or empty: all). The source
+ * starts with "#define MJ_ENTRY_SUBSET 1" and "#define MJ_WANT_<name> 1"
+ * for each wanted entry in the template's order (so any order of `only`
+ * gives the same source and cache key), and the template compiles only
+ * the entries whose "#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_...)"
+ * guard holds; out->entries lists those. NOT_FOUND for a name the template
+ * does not define as an entry. */
+moejit_status mj_codegen_entries(const moejit_spec *spec, const char *family, const char *arch,
+                                 const char *template_dir, const mj_entry_set *only,
+                                 mj_kernel_source *out);
 void mj_kernel_source_free(mj_kernel_source *ks);
 
 /* Embedded templates (each templates/NAME.cu and templates/common/NAME.cuh),

@@ -37,6 +37,12 @@ int mj_cuda_include_dirs(const char **dirs, int cap);
 moejit_status mj_compiler_get_cubin(moejit_compiler *c, const moejit_spec *spec, const char *family,
                                     const char *arch, const void **cubin, size_t *len, char key[33],
                                     int *cache_hit);
+/* The same for a module of only some entries (mj_codegen_entries; `only`
+ * NULL or empty: all): its own source, key and cache entry. */
+moejit_status mj_compiler_get_cubin_entries(moejit_compiler *c, const moejit_spec *spec,
+                                            const char *family, const char *arch,
+                                            const mj_entry_set *only, const void **cubin,
+                                            size_t *len, char key[33], int *cache_hit);
 
 /* mj_codegen with the compiler's template directory (out->entries lists the
  * kernel's entry points). Release with mj_kernel_source_free. */

@@ -232,6 +232,7 @@ moejit_status moejit_compiler_cache_dir(moejit_compiler *c, const moejit_spec *s
 
 typedef struct kernel_job {
   const char *family, *arch;
+  const mj_entry_set *only; /* NULL: every entry of the template */
   moejit_kernel_report report;
   const mem_entry *entry;
   char *full_message; /* the whole error text (NVRTC log), for last_error */
@@ -330,7 +331,8 @@ static moejit_status build_kernel(moejit_compiler *c, const moejit_spec *spec,
   mj_strlcpy(r->arch, job->arch, sizeof r->arch);
   if (cc->warning[0]) add_warning(r, cc->warning);
   mj_kernel_source ks;
-  moejit_status s = mj_codegen(spec, job->family, job->arch, c->template_dir, &ks);
+  moejit_status s =
+      mj_codegen_entries(spec, job->family, job->arch, c->template_dir, job->only, &ks);
   if (s) return s;
   kernel_key(c, &ks, r->key);
   int emit = c->emit_dir != NULL;
@@ -451,6 +453,13 @@ moejit_status moejit_compile(moejit_compiler *c, const moejit_spec *spec, const 
 moejit_status mj_compiler_get_cubin(moejit_compiler *c, const moejit_spec *spec, const char *family,
                                     const char *arch, const void **cubin, size_t *len, char key[33],
                                     int *cache_hit) {
+  return mj_compiler_get_cubin_entries(c, spec, family, arch, NULL, cubin, len, key, cache_hit);
+}
+
+moejit_status mj_compiler_get_cubin_entries(moejit_compiler *c, const moejit_spec *spec,
+                                            const char *family, const char *arch,
+                                            const mj_entry_set *only, const void **cubin,
+                                            size_t *len, char key[33], int *cache_hit) {
   if (!c || !spec || !family || !arch || !cubin || !len)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "mj_compiler_get_cubin: missing argument");
   *cubin = NULL;
@@ -459,7 +468,7 @@ moejit_status mj_compiler_get_cubin(moejit_compiler *c, const moejit_spec *spec,
   moejit_status s = check_explicit_arch(arch);
   if (!s) s = cache_resolve(c, spec, &cc);
   if (s) return s;
-  kernel_job job = {.family = family, .arch = arch};
+  kernel_job job = {.family = family, .arch = arch, .only = only};
   run_job(c, spec, &cc, 0, &job);
   free(job.full_message); /* the message is still this thread's last error */
   if (job.report.status) return job.report.status;

@@ -53,9 +53,12 @@ static moejit_status check_supported(const moejit_spec *spec) {
  * (errors are recorded per thread). */
 typedef struct family_job {
   const char *name;         /* family = template name */
-  const moejit_spec *spec;  /* &m->spec or one of load_batch.variant_specs */
+  const moejit_spec *spec;  /* &m->spec, one of load_batch.variant_specs, or a group's */
+  const mj_entry_set *only; /* the entries its module holds (NULL: all) */
   int row;                  /* the report row it counts into */
-  int variant;              /* 1: a tuned variant's kernel */
+  int variant;              /* 1: a tuned variant's kernel; 2: one a launch plan derives
+                               (e.g. the mma.sync decode tile), counted in the row's
+                               time and hit only */
   moejit_status status;
   char message[1024];
   char key[33];
@@ -63,7 +66,22 @@ typedef struct family_job {
   double ms;
 } family_job;
 
-#define MJ_LOAD_MAX_JOBS (MOEJIT_LOAD_MAX_KERNELS + 2 * MJ_GEMM_MAX_VARIANTS)
+/* The GEMM modules of a load: per (family, kernel spec), the entries the
+ * load resolves in it. Built with only those entries (MJ_ENTRY_SUBSET) the
+ * modules are smaller and compile faster; $MOEJIT_MODULE_SUBSETS=0 builds
+ * every entry of the template instead. At most one group per probe row
+ * count and per tuned variant, for each GEMM. */
+#define MJ_LOAD_MAX_GROUPS (2 * (4 + MJ_GEMM_MAX_VARIANTS))
+
+typedef mj_gemm_module entry_group;
+
+typedef struct group_list {
+  entry_group g[MJ_LOAD_MAX_GROUPS];
+  size_t n;
+  int subsets; /* 0: $MOEJIT_MODULE_SUBSETS=0, every group's module holds all entries */
+} group_list;
+
+#define MJ_LOAD_MAX_JOBS (MOEJIT_LOAD_MAX_KERNELS + 2 * MJ_GEMM_MAX_VARIANTS + MJ_LOAD_MAX_GROUPS)
 
 typedef struct load_batch {
   moejit_model *m;
@@ -73,6 +91,7 @@ typedef struct load_batch {
   size_t n;
   moejit_spec variant_specs[2 * MJ_GEMM_MAX_VARIANTS];
   size_t n_specs;
+  group_list groups;
 } load_batch;
 
 static const struct {
@@ -100,12 +119,13 @@ static void describe_config(const moejit_spec *s, unsigned bit, moejit_load_kern
  * thread: its status, time, and the message carried back to the caller's
  * thread (errors are recorded per thread). */
 static moejit_status build_timed(moejit_compiler *c, const moejit_spec *spec, const char *family,
-                                 const char *arch, char key[33], int *hit, double *ms,
-                                 char *message, size_t cap) {
+                                 const char *arch, const mj_entry_set *only, char key[33], int *hit,
+                                 double *ms, char *message, size_t cap) {
   const void *cubin = NULL;
   size_t len = 0;
   double t0 = mj_now_ms();
-  moejit_status st = mj_compiler_get_cubin(c, spec, family, arch, &cubin, &len, key, hit);
+  moejit_status st =
+      mj_compiler_get_cubin_entries(c, spec, family, arch, only, &cubin, &len, key, hit);
   *ms = mj_now_ms() - t0;
   if (st) snprintf(message, cap, "%s", moejit_last_error());
   return st;
@@ -116,7 +136,7 @@ static moejit_status build_timed(moejit_compiler *c, const moejit_spec *spec, co
 static void compile_family(size_t i, void *arg) {
   load_batch *b = arg;
   family_job *j = &b->jobs[i];
-  j->status = build_timed(b->compiler, j->spec, j->name, b->arch, j->key, &j->hit, &j->ms,
+  j->status = build_timed(b->compiler, j->spec, j->name, b->arch, j->only, j->key, &j->hit, &j->ms,
                           j->message, sizeof j->message);
 }
 
@@ -132,20 +152,24 @@ typedef struct warm_job {
   char what[96]; /* for the error: "kernel 'x'" or "tuned T=n" */
   moejit_status status;
   char message[1024];
-  int hit;   /* prebuild: the module came from a cache */
-  double ms; /* prebuild: its generate + compile time */
 } warm_job;
 
 typedef struct warm_list {
   moejit_model *m;
-  const char *arch;          /* the arch the GEMM plans are made for */
-  moejit_compiler *compiler; /* prebuild: compiles the jobs' modules */
+  const char *arch;         /* the arch the GEMM plans are made for */
+  const group_list *groups; /* the GEMM modules' entry sets, or NULL */
   warm_job *jobs;
   size_t n, cap;
 } warm_list;
 
 static moejit_status warm_add(warm_list *w, const moejit_spec *spec, const char *family,
                               const char *entry, const char *what) {
+  moejit_spec canon;
+  mj_spec_canonical(spec, &canon);
+  for (size_t i = 0; i < w->n; i++) /* once each */
+    if (!strcmp(w->jobs[i].entry, entry) && !strcmp(w->jobs[i].family, family) &&
+        !memcmp(&w->jobs[i].spec, &canon, sizeof canon))
+      return MOEJIT_OK;
   if (w->n == w->cap) {
     size_t cap = w->cap ? 2 * w->cap : 32;
     warm_job *j = realloc(w->jobs, cap * sizeof *j);
@@ -154,7 +178,7 @@ static moejit_status warm_add(warm_list *w, const moejit_spec *spec, const char 
   }
   warm_job *j = &w->jobs[w->n++];
   memset(j, 0, sizeof *j);
-  j->spec = *spec;
+  j->spec = canon;
   j->family = family, j->entry = entry;
   mj_strlcpy(j->what, what, sizeof j->what);
   return MOEJIT_OK;
@@ -178,6 +202,45 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
 /* Every entry the GEMM launchers may pick: the heuristic's (spec + AUTO:
  * mma.sync, its decode tile, or wgmma on sm_90a when enabled) and each
  * tuned variant's (its spec + path). */
+/* What a forward runs for GEMM `which` at T, added once per change of
+ * outcome, for T = 1 .. 512, then around each power of two up to the
+ * largest T and around each tuned bucket: the kernels the plans derive at
+ * some T only (the mma.sync decode tile, the narrow wgmma tile between the
+ * probes) are built with the others, not at the first forward that needs
+ * them. Ts whose plan fails (a grid too large) are skipped: the forward
+ * refuses them. */
+static moejit_status sweep_gemm(warm_list *w, int which) {
+  const moejit_model *m = w->m;
+  const mj_gemm_variants *vs = &m->gemm_variants[which - 1];
+  const int64_t t_max = INT32_MAX / m->spec.top_k;
+  int64_t ts[512 + 4 * 31 + 3 * MJ_GEMM_MAX_VARIANTS];
+  size_t n = 0;
+  for (int64_t t = 1; t <= 512 && t <= t_max; t++) ts[n++] = t;
+  for (int k = 9; k < 31; k++) {
+    const int64_t p = (int64_t)1 << k, near[] = {p - 1, p, p + 1, p + p / 2};
+    for (int i = 0; i < 4; i++)
+      if (near[i] > 512 && near[i] <= t_max) ts[n++] = near[i];
+  }
+  if (t_max > 512) ts[n++] = t_max;
+  for (int i = 0; i < vs->n; i++)
+    for (int64_t d = -1; d <= 1; d++)
+      if (vs->v[i].tokens + d >= 1 && vs->v[i].tokens + d <= t_max) ts[n++] = vs->v[i].tokens + d;
+  const char *last_entry = NULL;
+  int last_variant = -2, last_decode = -1;
+  for (size_t i = 0; i < n; i++) {
+    mj_gemm_choice c;
+    if (mj_gemm_choose(&m->spec, vs, which, ts[i], w->arch, &c) != MOEJIT_OK) continue;
+    if (c.plan.entry == last_entry && c.variant == last_variant && c.plan.decode == last_decode)
+      continue; /* the same kernel as the T before */
+    last_entry = c.plan.entry, last_variant = c.variant, last_decode = c.plan.decode;
+    char what[96];
+    snprintf(what, sizeof what, "kernel '%s' at T=%lld", c.plan.entry, (long long)ts[i]);
+    moejit_status st = warm_plan(w, c.spec, which, &c.plan, what);
+    if (st) return st;
+  }
+  return MOEJIT_OK;
+}
+
 static moejit_status list_gemm(warm_list *w, int which) {
   moejit_model *m = w->m;
   const char *arch = w->arch;
@@ -202,7 +265,24 @@ static moejit_status list_gemm(warm_list *w, int which) {
     if (st) return mj_fail_prefix(st, "moejit_model_load: %s", what);
     if ((st = warm_plan(w, &vspec, which, &plan, what))) return st;
   }
-  return MOEJIT_OK;
+  return sweep_gemm(w, which);
+}
+
+static entry_group *group_find(group_list *gl, const char *family, const moejit_spec *spec) {
+  moejit_spec canon;
+  mj_spec_canonical(spec, &canon);
+  for (size_t i = 0; i < gl->n; i++)
+    if (strcmp(gl->g[i].family, family) == 0 && memcmp(&gl->g[i].spec, &canon, sizeof canon) == 0)
+      return &gl->g[i];
+  return NULL;
+}
+
+/* The entries the module of (family, spec) is built with; NULL: all. */
+static const mj_entry_set *group_set(const group_list *gl, const char *family,
+                                     const moejit_spec *spec) {
+  if (!gl || !gl->subsets) return NULL;
+  const entry_group *g = group_find((group_list *)gl, family, spec);
+  return g ? &g->set : NULL;
 }
 
 /* Worker: code generation and the cache key run here, in parallel; module
@@ -211,7 +291,8 @@ static void warm_one(size_t i, void *arg) {
   warm_list *w = arg;
   warm_job *j = &w->jobs[i];
   CUfunction fn;
-  j->status = mj_ctx_get_function(w->m->ctx, &j->spec, j->family, j->entry, &fn);
+  const mj_entry_set *only = group_set(w->groups, j->family, &j->spec);
+  j->status = mj_ctx_get_function_from(w->m->ctx, &j->spec, j->family, only, j->entry, &fn);
   if (j->status) snprintf(j->message, sizeof j->message, "%s", moejit_last_error());
 }
 
@@ -229,15 +310,45 @@ static moejit_status warm_list_make(warm_list *w, unsigned families) {
   return st;
 }
 
+/* The GEMM entries a load of `families` resolves, grouped by module. */
+static moejit_status groups_make(moejit_model *m, const char *arch, unsigned families,
+                                 group_list *gl) {
+  gl->n = 0;
+  gl->subsets = mj_env_switch("MOEJIT_MODULE_SUBSETS", 1);
+  warm_list w = {.m = m, .arch = arch};
+  moejit_status st = warm_list_make(&w, families & (MJ_OPS_GEMM1 | MJ_OPS_GEMM2));
+  for (size_t i = 0; i < w.n && !st; i++) {
+    const warm_job *j = &w.jobs[i];
+    entry_group *g = group_find(gl, j->family, &j->spec);
+    if (!g && gl->n < MJ_LOAD_MAX_GROUPS) {
+      g = &gl->g[gl->n++];
+      g->family = j->family;
+      mj_spec_canonical(&j->spec, &g->spec);
+      g->set.n = 0;
+    }
+    if (!g || !mj_entry_set_add(&g->set, j->entry))
+      st = mj_fail(MOEJIT_ERR_INTERNAL,
+                   "moejit_model_load: more GEMM modules or entries than planned for (%zu); "
+                   "HINT: please report this bug",
+                   gl->n);
+  }
+  free(w.jobs);
+  return st;
+}
+
 static moejit_status warm_all(moejit_model *m, unsigned families) {
-  warm_list w = {.m = m, .arch = mj_ctx_arch(m->ctx)};
-  moejit_status st = warm_list_make(&w, families);
+  group_list *gl = malloc(sizeof *gl);
+  if (!gl) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_load: out of memory");
+  warm_list w = {.m = m, .arch = mj_ctx_arch(m->ctx), .groups = gl};
+  moejit_status st = groups_make(m, w.arch, families, gl);
+  if (!st) st = warm_list_make(&w, families);
   if (!st) mj_parallel_for(w.n, 0, warm_one, &w);
   for (size_t i = 0; i < w.n && !st; i++)
     if (w.jobs[i].status)
       st = mj_fail(w.jobs[i].status, "moejit_model_load: %s: %s", w.jobs[i].what,
                    w.jobs[i].message);
   free(w.jobs);
+  free(gl);
   return st;
 }
 
@@ -370,12 +481,15 @@ static void plan_jobs(load_batch *b, unsigned families, const mj_tuned_table *ta
 static moejit_status fold_jobs(load_batch *b) {
   moejit_load_report *r = &b->m->report;
   int family_hit[MOEJIT_LOAD_MAX_KERNELS] = {0}, failed[MOEJIT_LOAD_MAX_KERNELS] = {0};
+  int derived_miss[MOEJIT_LOAD_MAX_KERNELS] = {0};
   moejit_status first = MOEJIT_OK;
   for (size_t i = 0; i < b->n; i++) {
     const family_job *j = &b->jobs[i];
     moejit_load_kernel *row = &r->kernels[j->row];
     row->ms += j->ms;
-    if (j->variant) {
+    if (j->variant == 2) {
+      derived_miss[j->row] |= !j->hit;
+    } else if (j->variant) {
       row->variants++;
       row->variant_hits += j->status == MOEJIT_OK && j->hit;
     } else {
@@ -389,10 +503,34 @@ static moejit_status fold_jobs(load_batch *b) {
   }
   for (int i = 0; i < r->n_kernels; i++) {
     moejit_load_kernel *row = &r->kernels[i];
-    row->cache_hit = family_hit[i] && row->variant_hits == row->variants;
+    row->cache_hit = family_hit[i] && row->variant_hits == row->variants && !derived_miss[i];
     if (!failed[i]) row->cache_hit ? r->cache_hits++ : r->cache_misses++;
   }
   return first;
+}
+
+/* Gives each GEMM job its module's entry set, and adds a job for each GEMM
+ * module a launch plan derives that no job builds yet (variant 2). */
+static void attach_groups(load_batch *b) {
+  group_list *gl = &b->groups;
+  int built[MJ_LOAD_MAX_GROUPS] = {0};
+  int row_of[2] = {-1, -1}; /* gemm1, gemm2 */
+  for (size_t i = 0; i < b->n; i++) {
+    family_job *j = &b->jobs[i];
+    const int which = !strcmp(j->name, "gemm1") ? 1 : !strcmp(j->name, "gemm2") ? 2 : 0;
+    if (!which) continue;
+    row_of[which - 1] = j->row;
+    entry_group *g = group_find(gl, j->name, j->spec);
+    if (!g) continue; /* a kernel no lookup reaches: all entries, as before */
+    built[g - gl->g] = 1;
+    j->only = gl->subsets ? &g->set : NULL;
+  }
+  for (size_t k = 0; k < gl->n; k++) {
+    const int which = !strcmp(gl->g[k].family, "gemm1") ? 1 : 2;
+    if (built[k] || row_of[which - 1] < 0 || b->n == MJ_LOAD_MAX_JOBS) continue;
+    family_job *j = add_job(b, gl->g[k].family, &gl->g[k].spec, row_of[which - 1], 2);
+    j->only = gl->subsets ? &gl->g[k].set : NULL;
+  }
 }
 
 /* Compiles every requested family, and the GEMMs' tuned variants, at once;
@@ -406,10 +544,16 @@ static moejit_status compile_families(moejit_model *m, moejit_compiler *compiler
   b->compiler = compiler;
   b->arch = arch;
   plan_jobs(b, families, table, no_table);
+  moejit_status st = groups_make(m, arch, families, &b->groups);
+  if (st) {
+    free(b);
+    return st;
+  }
+  attach_groups(b);
   double t0 = mj_now_ms();
   mj_parallel_for(b->n, 0, compile_family, b);
   m->report.compile_ms = mj_now_ms() - t0;
-  moejit_status st = fold_jobs(b);
+  st = fold_jobs(b);
   free(b);
   return st;
 }
@@ -443,41 +587,31 @@ static moejit_status load_into(moejit_model *m, unsigned families, const moejit_
   return st;
 }
 
-/* ---- prebuilding a load's kernels without a GPU --------------------------- */
-
-/* Worker: the module of one (spec, family) a load resolves entries in. */
-static void prebuild_one(size_t i, void *arg) {
-  warm_list *w = arg;
-  warm_job *j = &w->jobs[i];
-  j->status = build_timed(w->compiler, &j->spec, j->family, w->arch, NULL, &j->hit, &j->ms,
-                          j->message, sizeof j->message);
-}
-
-/* The modules the load's entry lookups reach beyond the family jobs (the
- * kernel spec a launch plan derives, e.g. the mma.sync decode tile); a
- * row whose extra kernel was compiled now is no longer a cache hit. */
-static moejit_status prebuild_plans(moejit_model *m, moejit_compiler *compiler, const char *arch) {
-  warm_list w = {.m = m, .arch = arch, .compiler = compiler};
-  moejit_status st = warm_list_make(&w, MJ_OPS_LAYER);
-  if (!st) mj_parallel_for(w.n, 0, prebuild_one, &w);
-  moejit_load_report *r = &m->report;
-  for (size_t i = 0; i < w.n && !st; i++) {
-    const warm_job *j = &w.jobs[i];
-    if (j->status) {
-      st = mj_fail(j->status, "moejit_model_prebuild: %s: %s", j->what, j->message);
-      break;
-    }
-    if (j->hit) continue;
-    for (int k = 0; k < r->n_kernels; k++) {
-      moejit_load_kernel *row = &r->kernels[k];
-      if (strcmp(row->kernel, j->family) != 0) continue;
-      row->ms += j->ms;
-      if (row->cache_hit) row->cache_hit = 0, r->cache_hits--, r->cache_misses++;
-    }
+moejit_status mj_layer_gemm_modules(const moejit_spec *spec, const char *arch,
+                                    const mj_gemm_variants variants[2], mj_gemm_module **out,
+                                    size_t *n) {
+  *out = NULL, *n = 0;
+  moejit_model *m = calloc(1, sizeof *m);
+  group_list *gl = malloc(sizeof *gl);
+  moejit_status st = MOEJIT_OK;
+  if (!m || !gl) st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "mj_layer_gemm_modules: out of memory");
+  if (!st) {
+    m->spec = *spec;
+    m->gemm_variants[0] = variants[0], m->gemm_variants[1] = variants[1];
+    st = groups_make(m, arch, MJ_OPS_GEMM1 | MJ_OPS_GEMM2, gl);
   }
-  free(w.jobs);
+  if (!st && gl->n && !(*out = malloc(gl->n * sizeof **out)))
+    st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "mj_layer_gemm_modules: out of memory");
+  if (!st) {
+    if (gl->n) memcpy(*out, gl->g, gl->n * sizeof **out);
+    *n = gl->n;
+  }
+  free(gl);
+  free(m);
   return st;
 }
+
+/* ---- prebuilding a load's kernels without a GPU --------------------------- */
 
 moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec *spec,
                                     const char *arch, const char *device_name,
@@ -519,11 +653,6 @@ moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec
                sizeof no_table);
   if (!st) st = compile_families(m, compiler, arch, MJ_OPS_LAYER, have ? &table : NULL, no_table);
   mj_tuned_table_free(&table);
-  if (!st) {
-    double t0 = mj_now_ms();
-    st = prebuild_plans(m, compiler, arch);
-    m->report.compile_ms += mj_now_ms() - t0;
-  }
   m->report.total_ms = mj_now_ms() - t_start;
   if (opts && opts->report) *opts->report = m->report;
   free(m);

@@ -8,6 +8,7 @@
 #include "moejit/moejit.h"
 #include "moejit/ops.h"
 #include "moejit/layer.h"
+#include "codegen/codegen.h"
 #include "ops/gemm.h"
 #include "runtime/runtime.h"
 #include "tune/tuned_table.h"
@@ -29,6 +30,15 @@ enum {
 
 struct mj_ep;
 
+/* One GEMM module of a whole-layer load: the family, the kernel spec
+ * (canonical, mj_spec_canonical) and the entries the load resolves in it,
+ * which the module is built with (model.c). */
+typedef struct mj_gemm_module {
+  const char *family;
+  moejit_spec spec;
+  mj_entry_set set;
+} mj_gemm_module;
+
 /* ---- tuned GEMM variants (gemm_choice.c) ------------------------------- */
 
 /* Token buckets a model keeps per GEMM (a log2 sweep of 1..2^31 has 32). */
@@ -46,6 +56,13 @@ typedef struct mj_gemm_variants {
   int n; /* 0: heuristic only */
   mj_gemm_variant v[MJ_GEMM_MAX_VARIANTS]; /* ascending tokens */
 } mj_gemm_variants;
+
+/* The GEMM modules a whole-layer load of `spec` on `arch` with these tuned
+ * variants ([0] gemm1, [1] gemm2) builds: *out (free) holds *n of them.
+ * For tests: every kernel a forward looks up must be in one. */
+moejit_status mj_layer_gemm_modules(const moejit_spec *spec, const char *arch,
+                                    const mj_gemm_variants variants[2], mj_gemm_module **out,
+                                    size_t *n);
 
 /* The variants of GEMM `which` (1 or 2) of spec in table t (NULL: no table;
  * `no_table` says why): the entries for spec's dtype and shape whose cfg

@@ -28,7 +28,7 @@ static void zero_tail(char *s, size_t cap) {
   if (n < cap) memset(s + n, 0, cap - n);
 }
 
-static void spec_canonical(const moejit_spec *in, moejit_spec *out) {
+void mj_spec_canonical(const moejit_spec *in, moejit_spec *out) {
   memcpy(out, in, sizeof *out);
   zero_tail(out->name, sizeof out->name);
   for (int i = 0; i < MOEJIT_MAX_ARCHS; i++) zero_tail(out->archs[i], sizeof out->archs[i]);
@@ -177,7 +177,8 @@ static moejit_status kernel_add_locked(moejit_ctx *ctx, const moejit_spec *spec,
 /* The slow path: generate + compile (or cache hit) outside the lock, so
  * one thread's NVRTC run does not stall another's lookups. */
 static moejit_status kernel_build(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
-                                  const char *requested, moejit_kernel **out) {
+                                  const mj_entry_set *only, const char *requested,
+                                  moejit_kernel **out) {
   char entry[MJ_ENTRY_MAX];
   moejit_status st = MOEJIT_OK;
   if (*requested)
@@ -188,8 +189,8 @@ static moejit_status kernel_build(moejit_ctx *ctx, const moejit_spec *spec, cons
   size_t len = 0;
   char key[33] = "";
   if (st == MOEJIT_OK)
-    st =
-        mj_compiler_get_cubin(ctx->compiler, spec, family, ctx->info.arch, &cubin, &len, key, NULL);
+    st = mj_compiler_get_cubin_entries(ctx->compiler, spec, family, ctx->info.arch, only, &cubin,
+                                       &len, key, NULL);
   if (st != MOEJIT_OK) return st;
   if (strlen(key) != 32 || !cubin || len == 0) /* the module cache relies on the key */
     return mj_fail(MOEJIT_ERR_INTERNAL,
@@ -214,20 +215,39 @@ moejit_status moejit_ctx_get_kernel(moejit_ctx *ctx, const moejit_spec *spec, co
     return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                                     "moejit_ctx_get_kernel: family or entry name too long"));
   moejit_spec canonical;
-  spec_canonical(spec, &canonical);
+  mj_spec_canonical(spec, &canonical);
   pthread_mutex_lock(&ctx->lock);
   *out = kernel_memo_find(ctx, &canonical, family, requested);
   pthread_mutex_unlock(&ctx->lock);
   if (*out) return MOEJIT_OK;
-  return mj_ctx_fail(ctx, kernel_build(ctx, &canonical, family, requested, out));
+  return mj_ctx_fail(ctx, kernel_build(ctx, &canonical, family, NULL, requested, out));
 }
 
 moejit_status mj_ctx_get_function(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
                                   const char *entry, CUfunction *out) {
+  return mj_ctx_get_function_from(ctx, spec, family, NULL, entry, out);
+}
+
+moejit_status mj_ctx_get_function_from(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
+                                       const mj_entry_set *only, const char *entry,
+                                       CUfunction *out) {
   if (!out) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "mj_ctx_get_function: out is NULL");
   *out = NULL;
   moejit_kernel *k;
-  moejit_status st = moejit_ctx_get_kernel(ctx, spec, family, entry, &k);
+  moejit_status st;
+  if (!only || only->n == 0) {
+    st = moejit_ctx_get_kernel(ctx, spec, family, entry, &k);
+  } else { /* the memo first, as moejit_ctx_get_kernel; a miss builds the subset */
+    if (!entry || !*entry || strlen(entry) >= MJ_ENTRY_MAX || strlen(family) >= MOEJIT_NAME_MAX)
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                     "mj_ctx_get_function_from: an entry (of the set) is required");
+    moejit_spec canonical;
+    mj_spec_canonical(spec, &canonical);
+    pthread_mutex_lock(&ctx->lock);
+    k = kernel_memo_find(ctx, &canonical, family, entry);
+    pthread_mutex_unlock(&ctx->lock);
+    st = k ? MOEJIT_OK : mj_ctx_fail(ctx, kernel_build(ctx, &canonical, family, only, entry, &k));
+  }
   if (st == MOEJIT_OK) *out = k->function->fn;
   return st;
 }

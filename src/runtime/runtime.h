@@ -44,6 +44,17 @@ int mj_kernel_active_clusters(moejit_ctx *ctx, moejit_kernel *kernel, const unsi
  * Thread-safe. */
 moejit_status mj_ctx_get_function(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
                                   const char *entry, CUfunction *out);
+/* The same, building on a miss the module of only the entries in `only`
+ * (which must hold `entry`; NULL or empty: every entry). The memo is keyed
+ * by (spec, family, entry) alike, so a later mj_ctx_get_function of that
+ * entry finds this function. */
+struct mj_entry_set;
+/* A copy of `in` whose bytes without meaning (after a string's NUL,
+ * padding) are zero: equal specs compare equal with memcmp. */
+void mj_spec_canonical(const moejit_spec *in, moejit_spec *out);
+moejit_status mj_ctx_get_function_from(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
+                                       const struct mj_entry_set *only, const char *entry,
+                                       CUfunction *out);
 
 /* cuLaunchKernel through the driver table, raising the dynamic shared-
  * memory limit of `fn` first when smem_bytes > 48 KiB. Makes the context

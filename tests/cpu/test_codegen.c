@@ -395,6 +395,45 @@ Test(codegen, entry_scanning_variants) {
   mj_kernel_source_free(&ks);
 }
 
+/* mj_codegen_entries: the same source for any order of the same set, the
+ * defines in template order in front of the full source, only those
+ * entries listed, an empty set the full source, an unknown name refused. */
+Test(codegen, entry_subsets) {
+  moejit_spec s;
+  ts_rng r = ts_rng_fresh("entry subsets");
+  cs_random_spec(&r, &s);
+  mj_kernel_source full = gen_ok(&s, "gemm2", "sm_90a", NULL), a, b, none;
+  cr_assert_geq(full.n_entries, 3);
+  const char *e0 = full.entries[0], *e2 = full.entries[2];
+  mj_entry_set ab = {0}, ba = {0}, empty = {0};
+  cr_assert(mj_entry_set_add(&ab, e0) && mj_entry_set_add(&ab, e2) && mj_entry_set_add(&ab, e0));
+  cr_expect_eq(ab.n, 2, "a name is added once");
+  cr_assert(mj_entry_set_add(&ba, e2) && mj_entry_set_add(&ba, e0));
+  cr_assert_eq(mj_codegen_entries(&s, "gemm2", "sm_90a", NULL, &ab, &a), MOEJIT_OK);
+  cr_assert_eq(mj_codegen_entries(&s, "gemm2", "sm_90a", NULL, &ba, &b), MOEJIT_OK);
+  cr_assert_str_eq(a.source, b.source, "the order of the set does not matter");
+  cr_assert_eq(a.n_entries, 2);
+  cr_expect_str_eq(a.entries[0], e0);
+  cr_expect_str_eq(a.entries[1], e2);
+  char head[512];
+  snprintf(head, sizeof head,
+           "#define MJ_ENTRY_SUBSET 1\n#define MJ_WANT_%s 1\n#define MJ_WANT_%s 1\n", e0, e2);
+  cr_expect(strncmp(a.source, head, strlen(head)) == 0, "%.200s", a.source);
+  cr_expect_str_eq(a.source + strlen(head), full.source, "then the full source");
+  cr_expect_eq(a.source_len, strlen(head) + full.source_len);
+  cr_assert_eq(mj_codegen_entries(&s, "gemm2", "sm_90a", NULL, &empty, &none), MOEJIT_OK);
+  cr_expect_str_eq(none.source, full.source, "an empty set: every entry");
+  mj_entry_set bad = {0};
+  mj_entry_set_add(&bad, "moejit_gemm1_swiglu_wgmma");
+  mj_kernel_source x;
+  cr_expect_eq(mj_codegen_entries(&s, "gemm2", "sm_90a", NULL, &bad, &x), MOEJIT_ERR_NOT_FOUND);
+  cr_expect(strstr(moejit_last_error(), "no entry 'moejit_gemm1_swiglu_wgmma'"), "%s",
+            moejit_last_error());
+  cr_expect_null(x.source);
+  mj_kernel_source_free(&a), mj_kernel_source_free(&b), mj_kernel_source_free(&none);
+  mj_kernel_source_free(&full);
+}
+
 Test(codegen, template_without_entry_is_an_error) {
   moejit_spec s;
   ts_rng r = ts_rng_fresh("noentry");

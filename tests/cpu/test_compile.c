@@ -224,6 +224,63 @@ Test(compile, lineinfo_is_off_by_default_and_only_adds_debug_sections) {
   mj_kernel_source_free(&ks);
 }
 
+/* A module of some entries (mj_codegen_entries) holds exactly those, with
+ * the SASS the full module has for them: the layer's GEMM modules run the
+ * code the GEMM tests check. For each GEMM family: the first entries of a
+ * fresh random order, on a random spec, sm_90a. */
+Test(compile, entry_subsets_hold_the_full_modules_sass) {
+  moejit_spec s = random_spec("subsets");
+  ts_rng r = ts_rng_fresh("subset entries");
+  static const char *const families[] = {"gemm1", "gemm2"};
+  for (int f = 0; f < 2; f++) {
+    mj_kernel_source full, part;
+    cr_assert_eq(mj_codegen(&s, families[f], "sm_90a", NULL, &full), MOEJIT_OK, "%s",
+                 moejit_last_error());
+    cr_assert_geq(full.n_entries, 3);
+    int order[MJ_MAX_ENTRIES];
+    for (int i = 0; i < full.n_entries; i++) order[i] = i;
+    for (int i = full.n_entries - 1; i > 0; i--) {
+      int j = (int)(ts_next(&r) % (uint64_t)(i + 1)), t = order[i];
+      order[i] = order[j], order[j] = t;
+    }
+    mj_entry_set only = {0};
+    const int want = 1 + (int)(ts_next(&r) % 2);
+    for (int i = 0; i < want; i++) cr_assert(mj_entry_set_add(&only, full.entries[order[i]]));
+    cr_assert_eq(mj_codegen_entries(&s, families[f], "sm_90a", NULL, &only, &part), MOEJIT_OK, "%s",
+                 moejit_last_error());
+    cr_expect_eq(part.n_entries, want);
+    cr_expect(strncmp(part.source, "#define MJ_ENTRY_SUBSET 1\n", 26) == 0);
+    const mj_compile_opts o = {.arch = "sm_90a"};
+    void *cf = NULL, *cp = NULL;
+    size_t lf = 0, lp = 0;
+    cr_assert_eq(mj_nvrtc_compile(&full, &o, NULL, NULL, &cf, &lf), MOEJIT_OK, "%s",
+                 moejit_last_error());
+    cr_assert_eq(mj_nvrtc_compile(&part, &o, NULL, NULL, &cp, &lp), MOEJIT_OK, "%s",
+                 moejit_last_error());
+    cr_expect_lt(lp, lf);
+    for (int e = 0; e < full.n_entries; e++) {
+      char name[160];
+      snprintf(name, sizeof name, ".text.%s", full.entries[e]);
+      size_t nf = 0, np = 0;
+      const unsigned char *tf = elf_section(cf, lf, name, &nf);
+      const unsigned char *tp = elf_section(cp, lp, name, &np);
+      int wanted = 0;
+      for (int i = 0; i < want; i++) wanted |= order[i] == e;
+      cr_assert_not_null(tf, "%s", name);
+      if (!wanted) {
+        cr_expect_null(tp, "%s: %s is not in the subset", families[f], name);
+        continue;
+      }
+      cr_assert_not_null(tp, "%s: %s", families[f], name);
+      cr_expect(nf == np && memcmp(tf, tp, nf) == 0, "%s: %s differs from the full module's",
+                families[f], name);
+    }
+    free(cf), free(cp);
+    mj_kernel_source_free(&part);
+    mj_kernel_source_free(&full);
+  }
+}
+
 static void expect_compile_error(const char *dir, const char *where) {
   moejit_spec s = random_spec("broken");
   mj_kernel_source ks;
