@@ -199,9 +199,6 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
   return st;
 }
 
-/* Every entry the GEMM launchers may pick: the heuristic's (spec + AUTO:
- * mma.sync, its decode tile, or wgmma on sm_90a when enabled) and each
- * tuned variant's (its spec + path). */
 /* What a forward runs for GEMM `which` at T, added once per change of
  * outcome, for T = 1 .. 512, then around each power of two up to the
  * largest T and around each tuned bucket: the kernels the plans derive at
@@ -241,6 +238,10 @@ static moejit_status sweep_gemm(warm_list *w, int which) {
   return MOEJIT_OK;
 }
 
+/* Every entry the GEMM launchers may pick: the heuristic's (spec + AUTO:
+ * mma.sync, its decode tile, or wgmma on sm_90a when enabled) and each
+ * tuned variant's (its spec + path), at the probe rows and each bucket,
+ * then the sweep. */
 static moejit_status list_gemm(warm_list *w, int which) {
   moejit_model *m = w->m;
   const char *arch = w->arch;
