@@ -56,6 +56,7 @@ typedef struct family_job {
   const moejit_spec *spec;  /* &m->spec, one of load_batch.variant_specs, or a group's */
   const mj_entry_set *only; /* the entries its module holds (NULL: all) */
   int row;                  /* the report row it counts into */
+  int skip;                 /* 1: no forward reaches this kernel, so it is not built */
   int variant;              /* 1: a tuned variant's kernel; 2: one a launch plan derives
                                (e.g. the mma.sync decode tile), counted in the row's
                                time and hit only */
@@ -136,13 +137,10 @@ static moejit_status build_timed(moejit_compiler *c, const moejit_spec *spec, co
 static void compile_family(size_t i, void *arg) {
   load_batch *b = arg;
   family_job *j = &b->jobs[i];
+  if (j->skip) return;
   j->status = build_timed(b->compiler, j->spec, j->name, b->arch, j->only, j->key, &j->hit, &j->ms,
                           j->message, sizeof j->message);
 }
-
-/* Row counts whose launch plans name every entry a GEMM launcher may pick
- * (the plan may switch kernels with the row count). */
-static const int64_t gemm_probe_rows[] = {1, 64, 4096, 1 << 20};
 
 /* One kernel the load makes sure of: its (spec, family, entry) enters the
  * ctx's memo, so a forward never generates code or loads a module. */
@@ -202,10 +200,11 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
 /* What a forward runs for GEMM `which` at T, added once per change of
  * outcome, for T = 1 .. 512, then around each power of two up to the
  * largest T and around each tuned bucket: the kernels the plans derive at
- * some T only (the mma.sync decode tile, the narrow wgmma tile between the
- * probes) are built with the others, not at the first forward that needs
- * them. Ts whose plan fails (a grid too large) are skipped: the forward
- * refuses them. */
+ * some T only (the mma.sync decode tile, the narrow wgmma tile) are built
+ * with the others, not at the first forward that needs them, and a module
+ * no T reaches (the heuristic tile where tuned buckets cover every T) is
+ * not built. Ts whose plan fails (a grid too large) are skipped: the
+ * forward refuses them; a failure at T = 1 fails the load. */
 static moejit_status sweep_gemm(warm_list *w, int which) {
   const moejit_model *m = w->m;
   const mj_gemm_variants *vs = &m->gemm_variants[which - 1];
@@ -226,46 +225,23 @@ static moejit_status sweep_gemm(warm_list *w, int which) {
   int last_variant = -2, last_decode = -1;
   for (size_t i = 0; i < n; i++) {
     mj_gemm_choice c;
-    if (mj_gemm_choose(&m->spec, vs, which, ts[i], w->arch, &c) != MOEJIT_OK) continue;
+    moejit_status st = mj_gemm_choose(&m->spec, vs, which, ts[i], w->arch, &c);
+    if (st && ts[i] == 1) return mj_fail_prefix(st, "moejit_model_load: GEMM %d at T = 1", which);
+    if (st) continue;
     if (c.plan.entry == last_entry && c.variant == last_variant && c.plan.decode == last_decode)
       continue; /* the same kernel as the T before */
     last_entry = c.plan.entry, last_variant = c.variant, last_decode = c.plan.decode;
     char what[96];
     snprintf(what, sizeof what, "kernel '%s' at T=%lld", c.plan.entry, (long long)ts[i]);
-    moejit_status st = warm_plan(w, c.spec, which, &c.plan, what);
-    if (st) return st;
+    if ((st = warm_plan(w, c.spec, which, &c.plan, what))) return st;
   }
   return MOEJIT_OK;
 }
 
-/* Every entry the GEMM launchers may pick: the heuristic's (spec + AUTO:
- * mma.sync, its decode tile, or wgmma on sm_90a when enabled) and each
- * tuned variant's (its spec + path), at the probe rows and each bucket,
- * then the sweep. */
+/* Every entry the GEMM launchers may pick: what mj_gemm_choose gives the
+ * forward (the heuristic's spec + AUTO, or a tuned variant's spec + path)
+ * at each T of the sweep. */
 static moejit_status list_gemm(warm_list *w, int which) {
-  moejit_model *m = w->m;
-  const char *arch = w->arch;
-  mj_gemm_plan plan;
-  moejit_status st;
-  for (size_t i = 0; i < MJ_ARRAY_LEN(gemm_probe_rows); i++) {
-    st = mj_gemm_plan_make_for(&m->spec, which, MOEJIT_GEMM_PATH_AUTO, gemm_probe_rows[i], arch,
-                               &plan);
-    if (st) return mj_fail_prefix(st, "moejit_model_load");
-    char what[96];
-    snprintf(what, sizeof what, "kernel '%s'", plan.entry);
-    if ((st = warm_plan(w, &m->spec, which, &plan, what))) return st;
-  }
-  const mj_gemm_variants *vs = &m->gemm_variants[which - 1];
-  for (int i = 0; i < vs->n; i++) {
-    moejit_spec vspec;
-    char what[96];
-    snprintf(what, sizeof what, "tuned T=%lld", (long long)vs->v[i].tokens);
-    mj_gemm_variant_spec(&m->spec, which, &vs->v[i], &vspec);
-    st = mj_gemm_plan_make_for(&vspec, which, vs->v[i].path, vs->v[i].tokens * m->spec.top_k,
-                               arch, &plan);
-    if (st) return mj_fail_prefix(st, "moejit_model_load: %s", what);
-    if ((st = warm_plan(w, &vspec, which, &plan, what))) return st;
-  }
   return sweep_gemm(w, which);
 }
 
@@ -487,6 +463,11 @@ static moejit_status fold_jobs(load_batch *b) {
   for (size_t i = 0; i < b->n; i++) {
     const family_job *j = &b->jobs[i];
     moejit_load_kernel *row = &r->kernels[j->row];
+    if (j->skip) { /* not built: a hit; the row's key is its first kernel built */
+      if (j->variant == 0) family_hit[j->row] = 1;
+      continue;
+    }
+    if (!row->key[0] || j->variant == 0) memcpy(row->key, j->key, sizeof row->key);
     row->ms += j->ms;
     if (j->variant == 2) {
       derived_miss[j->row] |= !j->hit;
@@ -494,7 +475,6 @@ static moejit_status fold_jobs(load_batch *b) {
       row->variants++;
       row->variant_hits += j->status == MOEJIT_OK && j->hit;
     } else {
-      memcpy(row->key, j->key, sizeof row->key);
       family_hit[j->row] = j->hit;
     }
     failed[j->row] |= j->status != MOEJIT_OK;
@@ -522,7 +502,10 @@ static void attach_groups(load_batch *b) {
     if (!which) continue;
     row_of[which - 1] = j->row;
     entry_group *g = group_find(gl, j->name, j->spec);
-    if (!g) continue; /* a kernel no lookup reaches: all entries, as before */
+    if (!g) { /* no forward looks up this kernel: not built */
+      j->skip = 1;
+      continue;
+    }
     built[g - gl->g] = 1;
     j->only = gl->subsets ? &g->set : NULL;
   }
