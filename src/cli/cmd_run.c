@@ -184,6 +184,8 @@ static void print_no_gpu_text(const moejit_spec *s, const char *why, const char 
   }
   printf("%zu kernels, %d from cache, %d compiled, %d failed, %.0f ms; cache: %s\n", n, hits,
          (int)n - hits - failed, failed, ms, *dir ? dir : "(disabled)");
+  printf("(these are the families' full modules; `moejit compile --device NAME` builds what a "
+         "model load on that GPU builds)\n");
 }
 
 static int run_without_gpu(const run_args *a, const moejit_spec *s, const char *why) {
