@@ -36,6 +36,9 @@ int cli_fail(moejit_status st, const char *what);
 void cli_json_str(FILE *f, const char *s);
 /* {"kernels":N,"cache_hits":...,"configs":[...]} of a load report, no newline. */
 void cli_print_load_json(const moejit_load_report *r);
+/* One kernel row of a load report: family, [hit/miss,] config, source:
+ * detail [tuned kernels]. */
+void cli_print_load_row(const moejit_load_kernel *k, int show_cache);
 
 int cli_compile(int argc, char **argv);
 int cli_gen(int argc, char **argv);

@@ -128,3 +128,11 @@ void cli_print_load_json(const moejit_load_report *r) {
   }
   printf("]}");
 }
+
+void cli_print_load_row(const moejit_load_kernel *k, int show_cache) {
+  printf("  %-8s ", k->kernel);
+  if (show_cache) printf("%-5s ", k->cache_hit ? "hit" : "miss");
+  printf("%-22s %s: %s", k->config, k->config_source, k->config_detail);
+  if (k->variants) printf(" [%d tuned kernels, %d from cache]", k->variants, k->variant_hits);
+  printf("\n");
+}

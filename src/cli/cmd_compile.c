@@ -135,13 +135,7 @@ static int prebuild(const compile_args *a, const moejit_spec *spec, moejit_compi
     return CLI_EXIT_OK;
   }
   printf("%s for %s (%s): the kernels a model load there builds\n", spec->name, a->device, r.arch);
-  for (int i = 0; i < r.n_kernels; i++) {
-    const moejit_load_kernel *k = &r.kernels[i];
-    printf("  %-8s %-5s %-22s %s: %s", k->kernel, k->cache_hit ? "hit" : "miss", k->config,
-           k->config_source, k->config_detail);
-    if (k->variants) printf(" [%d tuned kernels, %d from cache]", k->variants, k->variant_hits);
-    printf("\n");
-  }
+  for (int i = 0; i < r.n_kernels; i++) cli_print_load_row(&r.kernels[i], 1);
   printf("%d kernel families, %d from cache, %d compiled now; %.0f ms; cache: %s\n", r.n_kernels,
          r.cache_hits, r.cache_misses, r.total_ms, *dir ? dir : "(disabled)");
   return CLI_EXIT_OK;

@@ -390,10 +390,7 @@ static void print_configs(const gpu_state *g) {
   const moejit_load_report *r = &g->warm;
   printf("kernels (config, source):\n");
   for (int i = 0; i < r->n_kernels; i++) {
-    const moejit_load_kernel *k = &r->kernels[i];
-    printf("  %-8s %-22s %s: %s", k->kernel, k->config, k->config_source, k->config_detail);
-    if (k->variants) printf(" [%d tuned kernels, %d from cache]", k->variants, k->variant_hits);
-    printf("\n");
+    cli_print_load_row(&r->kernels[i], 0);
   }
   static const char *const gemms[] = {"gemm1", "gemm2"};
   for (int i = 0; i < g->n_points; i++) {

@@ -499,18 +499,17 @@ static moejit_status generate(const moejit_spec *spec, const char *family, const
   return s;
 }
 
-int mj_entry_set_add(mj_entry_set *set, const char *name) {
-  for (int i = 0; i < set->n; i++)
-    if (strcmp(set->name[i], name) == 0) return 1;
-  if (set->n == MJ_MAX_ENTRIES) return 0;
-  set->name[set->n++] = name;
-  return 1;
-}
-
 static int in_set(const mj_entry_set *set, const char *name) {
   for (int i = 0; i < set->n; i++)
     if (strcmp(set->name[i], name) == 0) return 1;
   return 0;
+}
+
+int mj_entry_set_add(mj_entry_set *set, const char *name) {
+  if (in_set(set, name)) return 1;
+  if (set->n == MJ_MAX_ENTRIES) return 0;
+  set->name[set->n++] = name;
+  return 1;
 }
 
 /* Keeps only the wanted entries (template order) and puts their defines in

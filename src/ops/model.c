@@ -53,13 +53,12 @@ static moejit_status check_supported(const moejit_spec *spec) {
  * (errors are recorded per thread). */
 typedef struct family_job {
   const char *name;         /* family = template name */
-  const moejit_spec *spec;  /* &m->spec, one of load_batch.variant_specs, or a group's */
+  const moejit_spec *spec;  /* &m->spec, or a GEMM module's (load_plan) */
   const mj_entry_set *only; /* the entries its module holds (NULL: all) */
   int row;                  /* the report row it counts into */
-  int skip;                 /* 1: no forward reaches this kernel, so it is not built */
-  int variant;              /* 1: a tuned variant's kernel; 2: one a launch plan derives
-                               (e.g. the mma.sync decode tile), counted in the row's
-                               time and hit only */
+  int variant;              /* 0: the spec's own kernel; 1: a tuned tile's; 2: one a
+                               launch plan derives (e.g. the mma.sync decode tile),
+                               counted in the row's time and hit only */
   moejit_status status;
   char message[1024];
   char key[33];
@@ -70,19 +69,17 @@ typedef struct family_job {
 /* The GEMM modules of a load: per (family, kernel spec), the entries the
  * load resolves in it. Built with only those entries (MJ_ENTRY_SUBSET) the
  * modules are smaller and compile faster; $MOEJIT_MODULE_SUBSETS=0 builds
- * every entry of the template instead. At most one group per probe row
- * count and per tuned variant, for each GEMM. */
-#define MJ_LOAD_MAX_GROUPS (2 * (4 + MJ_GEMM_MAX_VARIANTS))
-
-typedef mj_gemm_module entry_group;
+ * every entry of the template instead. At most the spec's own kernel, its
+ * decode tile and one per tuned variant, for each GEMM. */
+#define MJ_LOAD_MAX_GROUPS (2 * (2 + MJ_GEMM_MAX_VARIANTS))
 
 typedef struct group_list {
-  entry_group g[MJ_LOAD_MAX_GROUPS];
+  mj_gemm_module g[MJ_LOAD_MAX_GROUPS];
   size_t n;
   int subsets; /* 0: $MOEJIT_MODULE_SUBSETS=0, every group's module holds all entries */
 } group_list;
 
-#define MJ_LOAD_MAX_JOBS (MOEJIT_LOAD_MAX_KERNELS + 2 * MJ_GEMM_MAX_VARIANTS + MJ_LOAD_MAX_GROUPS)
+#define MJ_LOAD_MAX_JOBS (MOEJIT_LOAD_MAX_KERNELS + MJ_LOAD_MAX_GROUPS)
 
 typedef struct load_batch {
   moejit_model *m;
@@ -90,9 +87,6 @@ typedef struct load_batch {
   const char *arch;          /* the ctx's, or the prebuild's target */
   family_job jobs[MJ_LOAD_MAX_JOBS];
   size_t n;
-  moejit_spec variant_specs[2 * MJ_GEMM_MAX_VARIANTS];
-  size_t n_specs;
-  group_list groups;
 } load_batch;
 
 static const struct {
@@ -137,7 +131,6 @@ static moejit_status build_timed(moejit_compiler *c, const moejit_spec *spec, co
 static void compile_family(size_t i, void *arg) {
   load_batch *b = arg;
   family_job *j = &b->jobs[i];
-  if (j->skip) return;
   j->status = build_timed(b->compiler, j->spec, j->name, b->arch, j->only, j->key, &j->hit, &j->ms,
                           j->message, sizeof j->message);
 }
@@ -197,7 +190,9 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
   return st;
 }
 
-/* What a forward runs for GEMM `which` at T, added once per change of
+/* Every entry the GEMM launchers may pick: what mj_gemm_choose gives the
+ * forward (the heuristic's spec + AUTO, or a tuned variant's spec + path)
+ * at each T of a sweep, added once per change of
  * outcome, for T = 1 .. 512, then around each power of two up to the
  * largest T and around each tuned bucket: the kernels the plans derive at
  * some T only (the mma.sync decode tile, the narrow wgmma tile) are built
@@ -205,7 +200,7 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
  * no T reaches (the heuristic tile where tuned buckets cover every T) is
  * not built. Ts whose plan fails (a grid too large) are skipped: the
  * forward refuses them; a failure at T = 1 fails the load. */
-static moejit_status sweep_gemm(warm_list *w, int which) {
+static moejit_status list_gemm(warm_list *w, int which) {
   const moejit_model *m = w->m;
   const mj_gemm_variants *vs = &m->gemm_variants[which - 1];
   const int64_t t_max = INT32_MAX / m->spec.top_k;
@@ -238,14 +233,7 @@ static moejit_status sweep_gemm(warm_list *w, int which) {
   return MOEJIT_OK;
 }
 
-/* Every entry the GEMM launchers may pick: what mj_gemm_choose gives the
- * forward (the heuristic's spec + AUTO, or a tuned variant's spec + path)
- * at each T of the sweep. */
-static moejit_status list_gemm(warm_list *w, int which) {
-  return sweep_gemm(w, which);
-}
-
-static entry_group *group_find(group_list *gl, const char *family, const moejit_spec *spec) {
+static mj_gemm_module *group_find(group_list *gl, const char *family, const moejit_spec *spec) {
   moejit_spec canon;
   mj_spec_canonical(spec, &canon);
   for (size_t i = 0; i < gl->n; i++)
@@ -258,7 +246,7 @@ static entry_group *group_find(group_list *gl, const char *family, const moejit_
 static const mj_entry_set *group_set(const group_list *gl, const char *family,
                                      const moejit_spec *spec) {
   if (!gl || !gl->subsets) return NULL;
-  const entry_group *g = group_find((group_list *)gl, family, spec);
+  const mj_gemm_module *g = group_find((group_list *)gl, family, spec);
   return g ? &g->set : NULL;
 }
 
@@ -287,20 +275,35 @@ static moejit_status warm_list_make(warm_list *w, unsigned families) {
   return st;
 }
 
-/* The GEMM entries a load of `families` resolves, grouped by module. */
-static moejit_status groups_make(moejit_model *m, const char *arch, unsigned families,
-                                 group_list *gl) {
-  gl->n = 0;
-  gl->subsets = mj_env_switch("MOEJIT_MODULE_SUBSETS", 1);
-  warm_list w = {.m = m, .arch = arch};
-  moejit_status st = warm_list_make(&w, families & (MJ_OPS_GEMM1 | MJ_OPS_GEMM2));
-  for (size_t i = 0; i < w.n && !st; i++) {
-    const warm_job *j = &w.jobs[i];
-    entry_group *g = group_find(gl, j->family, &j->spec);
+/* What a load builds and resolves, made once per load when the tuned
+ * variants are known: every (spec, family, entry) a forward looks up, and
+ * the GEMM ones grouped by module for the compile step. */
+typedef struct load_plan {
+  warm_list w;
+  group_list gl;
+} load_plan;
+
+static void load_plan_free(load_plan *p) {
+  if (p) free(p->w.jobs);
+  free(p);
+}
+
+static moejit_status load_plan_make(moejit_model *m, const char *arch, unsigned families,
+                                    load_plan **out) {
+  load_plan *p = *out = calloc(1, sizeof *p);
+  if (!p) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_load: out of memory");
+  p->w = (warm_list){.m = m, .arch = arch, .groups = &p->gl};
+  p->gl.subsets = mj_env_switch("MOEJIT_MODULE_SUBSETS", 1);
+  moejit_status st = warm_list_make(&p->w, families);
+  for (size_t i = 0; i < p->w.n && !st; i++) {
+    const warm_job *j = &p->w.jobs[i];
+    if (strcmp(j->family, "gemm1") != 0 && strcmp(j->family, "gemm2") != 0) continue;
+    group_list *gl = &p->gl;
+    mj_gemm_module *g = group_find(gl, j->family, &j->spec);
     if (!g && gl->n < MJ_LOAD_MAX_GROUPS) {
       g = &gl->g[gl->n++];
       g->family = j->family;
-      mj_spec_canonical(&j->spec, &g->spec);
+      g->spec = j->spec; /* canonical (warm_add) */
       g->set.n = 0;
     }
     if (!g || !mj_entry_set_add(&g->set, j->entry))
@@ -309,24 +312,17 @@ static moejit_status groups_make(moejit_model *m, const char *arch, unsigned fam
                    "HINT: please report this bug",
                    gl->n);
   }
-  free(w.jobs);
   return st;
 }
 
-static moejit_status warm_all(moejit_model *m, unsigned families) {
-  group_list *gl = malloc(sizeof *gl);
-  if (!gl) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_load: out of memory");
-  warm_list w = {.m = m, .arch = mj_ctx_arch(m->ctx), .groups = gl};
-  moejit_status st = groups_make(m, w.arch, families, gl);
-  if (!st) st = warm_list_make(&w, families);
-  if (!st) mj_parallel_for(w.n, 0, warm_one, &w);
-  for (size_t i = 0; i < w.n && !st; i++)
-    if (w.jobs[i].status)
-      st = mj_fail(w.jobs[i].status, "moejit_model_load: %s: %s", w.jobs[i].what,
-                   w.jobs[i].message);
-  free(w.jobs);
-  free(gl);
-  return st;
+static moejit_status warm_all(load_plan *p) {
+  warm_list *w = &p->w;
+  mj_parallel_for(w->n, 0, warm_one, w);
+  for (size_t i = 0; i < w->n; i++)
+    if (w->jobs[i].status)
+      return mj_fail(w->jobs[i].status, "moejit_model_load: %s: %s", w->jobs[i].what,
+                     w->jobs[i].message);
+  return MOEJIT_OK;
 }
 
 /* Sets m->align_unfused: the fused count + scan adds its static shared
@@ -350,8 +346,8 @@ static moejit_status check_align_fused(moejit_model *m) {
   return MOEJIT_OK;
 }
 
-static moejit_status load_functions(moejit_model *m, unsigned families) {
-  moejit_status st = warm_all(m, families);
+static moejit_status load_functions(moejit_model *m, unsigned families, load_plan *p) {
+  moejit_status st = warm_all(p);
   if (st) return st;
   for (size_t i = 0; i < MJ_ARRAY_LEN(kernel_entries); i++) { /* memo hits now */
     const kernel_entry *k = &kernel_entries[i];
@@ -414,26 +410,11 @@ static family_job *add_job(load_batch *b, const char *name, const moejit_spec *s
   return j;
 }
 
-/* One job per distinct tile among GEMM `which`'s variants; a tile equal to
- * the spec's own is the family job's kernel already. */
-static void add_variant_jobs(load_batch *b, int which, int row) {
-  const moejit_spec *spec = &b->m->spec;
-  const mj_gemm_variants *vs = &b->m->gemm_variants[which - 1];
-  const moejit_gemm_cfg *own = which == 1 ? &spec->gemm1 : &spec->gemm2;
-  for (int i = 0; i < vs->n; i++) {
-    int seen = same_cfg(&vs->v[i].cfg, own);
-    for (int k = 0; k < i && !seen; k++) seen = same_cfg(&vs->v[i].cfg, &vs->v[k].cfg);
-    if (seen) continue;
-    moejit_spec *vspec = &b->variant_specs[b->n_specs++];
-    mj_gemm_variant_spec(spec, which, &vs->v[i], vspec);
-    add_job(b, which == 1 ? "gemm1" : "gemm2", vspec, row, 1);
-  }
-}
-
 /* Report rows (one per family, tuned tables consulted for the GEMMs) and
- * the jobs that build them. */
+ * the jobs of the families other than the GEMMs (add_gemm_jobs adds
+ * theirs); gemm_row[which - 1] is GEMM which's row, or -1. */
 static void plan_jobs(load_batch *b, unsigned families, const mj_tuned_table *table,
-                      const char *no_table) {
+                      const char *no_table, int gemm_row[2]) {
   moejit_model *m = b->m;
   moejit_load_report *r = &m->report;
   for (size_t i = 0; i < MJ_ARRAY_LEN(load_families); i++) {
@@ -443,97 +424,98 @@ static void plan_jobs(load_batch *b, unsigned families, const mj_tuned_table *ta
     moejit_load_kernel *row = &r->kernels[row_i];
     mj_strlcpy(row->kernel, load_families[i].name, sizeof row->kernel);
     mj_strlcpy(row->arch, b->arch, sizeof row->arch);
-    if (which)
+    if (which) {
       mj_gemm_variants_collect(table, no_table, &m->spec, which, b->arch,
                                &m->gemm_variants[which - 1], row);
-    else
+      gemm_row[which - 1] = row_i;
+    } else {
       describe_config(&m->spec, bit, row);
-    add_job(b, load_families[i].name, &m->spec, row_i, 0);
-    if (which) add_variant_jobs(b, which, row_i);
+      add_job(b, load_families[i].name, &m->spec, row_i, 0);
+    }
+  }
+}
+
+/* What a GEMM module of the plan is to the report: the spec's own kernel
+ * (0), a tuned tile (1) or one a launch plan derives (2). Module specs
+ * differ from the model's in that GEMM's tile only. */
+static int module_kind(const moejit_model *m, const mj_gemm_module *g) {
+  const int which = strcmp(g->family, "gemm1") == 0 ? 1 : 2;
+  const moejit_gemm_cfg *cfg = which == 1 ? &g->spec.gemm1 : &g->spec.gemm2;
+  if (same_cfg(cfg, which == 1 ? &m->spec.gemm1 : &m->spec.gemm2)) return 0;
+  const mj_gemm_variants *vs = &m->gemm_variants[which - 1];
+  for (int i = 0; i < vs->n; i++)
+    if (same_cfg(cfg, &vs->v[i].cfg)) return 1;
+  return 2;
+}
+
+/* One job per GEMM module the plan names (a kernel no T reaches, such as
+ * the spec's own tile where tuned buckets cover every T, is not built). */
+static void add_gemm_jobs(load_batch *b, const group_list *gl, const int gemm_row[2]) {
+  for (size_t k = 0; k < gl->n; k++) {
+    const mj_gemm_module *g = &gl->g[k];
+    const int row = gemm_row[strcmp(g->family, "gemm1") == 0 ? 0 : 1];
+    if (row < 0 || b->n == MJ_LOAD_MAX_JOBS) continue;
+    family_job *j = add_job(b, g->family, &g->spec, row, module_kind(b->m, g));
+    j->only = gl->subsets ? &g->set : NULL;
   }
 }
 
 /* Folds the jobs into their rows: a row is a cache hit when none of its
- * kernels was compiled; its ms adds up its kernels' times. */
+ * kernels was compiled; its ms adds up its kernels' times; its key is its
+ * own kernel's, else its first tuned one's, else its first. The first
+ * failure in layer (row) order becomes the caller's error. */
 static moejit_status fold_jobs(load_batch *b) {
   moejit_load_report *r = &b->m->report;
-  int family_hit[MOEJIT_LOAD_MAX_KERNELS] = {0}, failed[MOEJIT_LOAD_MAX_KERNELS] = {0};
-  int derived_miss[MOEJIT_LOAD_MAX_KERNELS] = {0};
-  moejit_status first = MOEJIT_OK;
+  int miss[MOEJIT_LOAD_MAX_KERNELS] = {0}, failed[MOEJIT_LOAD_MAX_KERNELS] = {0};
+  int key_kind[MOEJIT_LOAD_MAX_KERNELS];
+  const family_job *first = NULL;
+  for (int i = 0; i < MOEJIT_LOAD_MAX_KERNELS; i++) key_kind[i] = 3;
   for (size_t i = 0; i < b->n; i++) {
     const family_job *j = &b->jobs[i];
     moejit_load_kernel *row = &r->kernels[j->row];
-    if (j->skip) { /* not built: a hit; the row's key is its first kernel built */
-      if (j->variant == 0) family_hit[j->row] = 1;
-      continue;
+    if (j->variant < key_kind[j->row]) {
+      memcpy(row->key, j->key, sizeof row->key);
+      key_kind[j->row] = j->variant;
     }
-    if (!row->key[0] || j->variant == 0) memcpy(row->key, j->key, sizeof row->key);
     row->ms += j->ms;
-    if (j->variant == 2) {
-      derived_miss[j->row] |= !j->hit;
-    } else if (j->variant) {
+    if (j->variant == 1) {
       row->variants++;
       row->variant_hits += j->status == MOEJIT_OK && j->hit;
-    } else {
-      family_hit[j->row] = j->hit;
     }
+    miss[j->row] |= !j->hit;
     failed[j->row] |= j->status != MOEJIT_OK;
-    if (j->status && !first)
-      first = mj_fail(j->status, "moejit_model_load: kernel '%s'%s: %s", j->name,
-                      j->variant ? " (a tuned variant)" : "", j->message);
+    if (j->status && (!first || j->row < first->row)) first = j;
   }
   for (int i = 0; i < r->n_kernels; i++) {
     moejit_load_kernel *row = &r->kernels[i];
-    row->cache_hit = family_hit[i] && row->variant_hits == row->variants && !derived_miss[i];
+    row->cache_hit = !miss[i];
     if (!failed[i]) row->cache_hit ? r->cache_hits++ : r->cache_misses++;
   }
-  return first;
+  if (!first) return MOEJIT_OK;
+  return mj_fail(first->status, "moejit_model_load: kernel '%s'%s: %s", first->name,
+                 first->variant ? " (a tuned variant)" : "", first->message);
 }
 
-/* Gives each GEMM job its module's entry set, and adds a job for each GEMM
- * module a launch plan derives that no job builds yet (variant 2). */
-static void attach_groups(load_batch *b) {
-  group_list *gl = &b->groups;
-  int built[MJ_LOAD_MAX_GROUPS] = {0};
-  int row_of[2] = {-1, -1}; /* gemm1, gemm2 */
-  for (size_t i = 0; i < b->n; i++) {
-    family_job *j = &b->jobs[i];
-    const int which = !strcmp(j->name, "gemm1") ? 1 : !strcmp(j->name, "gemm2") ? 2 : 0;
-    if (!which) continue;
-    row_of[which - 1] = j->row;
-    entry_group *g = group_find(gl, j->name, j->spec);
-    if (!g) { /* no forward looks up this kernel: not built */
-      j->skip = 1;
-      continue;
-    }
-    built[g - gl->g] = 1;
-    j->only = gl->subsets ? &g->set : NULL;
-  }
-  for (size_t k = 0; k < gl->n; k++) {
-    const int which = !strcmp(gl->g[k].family, "gemm1") ? 1 : 2;
-    if (built[k] || row_of[which - 1] < 0 || b->n == MJ_LOAD_MAX_JOBS) continue;
-    family_job *j = add_job(b, gl->g[k].family, &gl->g[k].spec, row_of[which - 1], 2);
-    j->only = gl->subsets ? &gl->g[k].set : NULL;
-  }
-}
-
-/* Compiles every requested family, and the GEMMs' tuned variants, at once;
- * the first failure (in layer order) becomes the caller's error. */
+/* Compiles every requested family and GEMM module (tuned tiles included)
+ * at once; the first failure (in layer order) becomes the caller's error.
+ * *plan (load_plan_free) is what the load then resolves. */
 static moejit_status compile_families(moejit_model *m, moejit_compiler *compiler, const char *arch,
                                       unsigned families, const mj_tuned_table *table,
-                                      const char *no_table) {
+                                      const char *no_table, load_plan **plan) {
+  *plan = NULL;
   load_batch *b = calloc(1, sizeof *b);
   if (!b) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_load: out of memory");
   b->m = m;
   b->compiler = compiler;
   b->arch = arch;
-  plan_jobs(b, families, table, no_table);
-  moejit_status st = groups_make(m, arch, families, &b->groups);
+  int gemm_row[2] = {-1, -1};
+  plan_jobs(b, families, table, no_table, gemm_row);
+  moejit_status st = load_plan_make(m, arch, families, plan);
   if (st) {
     free(b);
     return st;
   }
-  attach_groups(b);
+  add_gemm_jobs(b, &(*plan)->gl, gemm_row);
   double t0 = mj_now_ms();
   mj_parallel_for(b->n, 0, compile_family, b);
   m->report.compile_ms = mj_now_ms() - t0;
@@ -559,13 +541,18 @@ static moejit_status load_into(moejit_model *m, unsigned families, const moejit_
   moejit_status st = MOEJIT_OK;
   if (families & (MJ_OPS_GEMM1 | MJ_OPS_GEMM2))
     st = find_table(m->ctx, opts, &table, &have, no_table, sizeof no_table);
+  load_plan *plan = NULL;
   if (!st)
     st = compile_families(m, moejit_ctx_compiler(m->ctx), mj_ctx_arch(m->ctx), families,
-                          have ? &table : NULL, no_table);
+                          have ? &table : NULL, no_table, &plan);
   mj_tuned_table_free(&table);
-  if (st) return st;
+  if (st) {
+    load_plan_free(plan);
+    return st;
+  }
   double t0 = mj_now_ms();
-  st = load_functions(m, families);
+  st = load_functions(m, families, plan);
+  load_plan_free(plan);
   m->report.load_ms = mj_now_ms() - t0;
   m->report.total_ms = mj_now_ms() - t_start;
   return st;
@@ -576,21 +563,22 @@ moejit_status mj_layer_gemm_modules(const moejit_spec *spec, const char *arch,
                                     size_t *n) {
   *out = NULL, *n = 0;
   moejit_model *m = calloc(1, sizeof *m);
-  group_list *gl = malloc(sizeof *gl);
+  load_plan *p = NULL;
   moejit_status st = MOEJIT_OK;
-  if (!m || !gl) st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "mj_layer_gemm_modules: out of memory");
+  if (!m) st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "mj_layer_gemm_modules: out of memory");
   if (!st) {
     m->spec = *spec;
     m->gemm_variants[0] = variants[0], m->gemm_variants[1] = variants[1];
-    st = groups_make(m, arch, MJ_OPS_GEMM1 | MJ_OPS_GEMM2, gl);
+    st = load_plan_make(m, arch, MJ_OPS_GEMM1 | MJ_OPS_GEMM2, &p);
   }
-  if (!st && gl->n && !(*out = malloc(gl->n * sizeof **out)))
+  const size_t count = st ? 0 : p->gl.n;
+  if (!st && count && !(*out = malloc(count * sizeof **out)))
     st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "mj_layer_gemm_modules: out of memory");
   if (!st) {
-    if (gl->n) memcpy(*out, gl->g, gl->n * sizeof **out);
-    *n = gl->n;
+    if (count) memcpy(*out, p->gl.g, count * sizeof **out);
+    *n = count;
   }
-  free(gl);
+  load_plan_free(p);
   free(m);
   return st;
 }
@@ -635,7 +623,10 @@ moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec
                "no tuned table: no device named (moejit_model_prebuild builds the heuristic "
                "kernels only)",
                sizeof no_table);
-  if (!st) st = compile_families(m, compiler, arch, MJ_OPS_LAYER, have ? &table : NULL, no_table);
+  load_plan *plan = NULL;
+  if (!st)
+    st = compile_families(m, compiler, arch, MJ_OPS_LAYER, have ? &table : NULL, no_table, &plan);
+  load_plan_free(plan);
   mj_tuned_table_free(&table);
   m->report.total_ms = mj_now_ms() - t_start;
   if (opts && opts->report) *opts->report = m->report;

@@ -203,24 +203,37 @@ static moejit_status kernel_build(moejit_ctx *ctx, const moejit_spec *spec, cons
   return st;
 }
 
-moejit_status moejit_ctx_get_kernel(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
-                                    const char *entry, moejit_kernel **out) {
-  MJ_CHECK_CTX(ctx, "moejit_ctx_get_kernel");
+/* The memo first (a repeated lookup skips code generation); a miss builds
+ * the module: every entry, or with a non-empty `only` just those (then the
+ * entry must be named). */
+static moejit_status get_kernel(moejit_ctx *ctx, const char *fn, const moejit_spec *spec,
+                                const char *family, const mj_entry_set *only, const char *entry,
+                                moejit_kernel **out) {
+  MJ_CHECK_CTX(ctx, fn);
   if (out) *out = NULL;
   if (!spec || !family || !out)
-    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                                    "moejit_ctx_get_kernel: spec, family and out are required"));
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: spec, family and out are required", fn));
+  if (only && only->n == 0) only = NULL;
   const char *requested = entry ? entry : "";
+  if (only && !*requested)
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: an entry (of the set) is required", fn));
   if (strlen(requested) >= MJ_ENTRY_MAX || strlen(family) >= MOEJIT_NAME_MAX)
-    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                                    "moejit_ctx_get_kernel: family or entry name too long"));
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: family or entry name too long", fn));
   moejit_spec canonical;
   mj_spec_canonical(spec, &canonical);
   pthread_mutex_lock(&ctx->lock);
   *out = kernel_memo_find(ctx, &canonical, family, requested);
   pthread_mutex_unlock(&ctx->lock);
   if (*out) return MOEJIT_OK;
-  return mj_ctx_fail(ctx, kernel_build(ctx, &canonical, family, NULL, requested, out));
+  return mj_ctx_fail(ctx, kernel_build(ctx, &canonical, family, only, requested, out));
+}
+
+moejit_status moejit_ctx_get_kernel(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
+                                    const char *entry, moejit_kernel **out) {
+  return get_kernel(ctx, "moejit_ctx_get_kernel", spec, family, NULL, entry, out);
 }
 
 moejit_status mj_ctx_get_function(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
@@ -234,20 +247,7 @@ moejit_status mj_ctx_get_function_from(moejit_ctx *ctx, const moejit_spec *spec,
   if (!out) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "mj_ctx_get_function: out is NULL");
   *out = NULL;
   moejit_kernel *k;
-  moejit_status st;
-  if (!only || only->n == 0) {
-    st = moejit_ctx_get_kernel(ctx, spec, family, entry, &k);
-  } else { /* the memo first, as moejit_ctx_get_kernel; a miss builds the subset */
-    if (!entry || !*entry || strlen(entry) >= MJ_ENTRY_MAX || strlen(family) >= MOEJIT_NAME_MAX)
-      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                     "mj_ctx_get_function_from: an entry (of the set) is required");
-    moejit_spec canonical;
-    mj_spec_canonical(spec, &canonical);
-    pthread_mutex_lock(&ctx->lock);
-    k = kernel_memo_find(ctx, &canonical, family, entry);
-    pthread_mutex_unlock(&ctx->lock);
-    st = k ? MOEJIT_OK : mj_ctx_fail(ctx, kernel_build(ctx, &canonical, family, only, entry, &k));
-  }
+  moejit_status st = get_kernel(ctx, "moejit_ctx_get_kernel", spec, family, only, entry, &k);
   if (st == MOEJIT_OK) *out = k->function->fn;
   return st;
 }

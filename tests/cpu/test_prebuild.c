@@ -46,11 +46,6 @@ static moejit_spec qwen(void) {
   return s;
 }
 
-static moejit_gemm_cfg tile(int m, int n, int k, int stages) {
-  return (moejit_gemm_cfg){
-      m, n, k, stages, 8, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
-}
-
 /* The device's table in $MOEJIT_TUNED_DIR: gemm1 with its own tile at T=1
  * and one other tile at T=32 and T=256 (one new kernel); gemm2 with one
  * other tile at T=64 (one new kernel, which every T runs). */
@@ -64,9 +59,9 @@ static void write_device_table(const moejit_spec *s) {
   mj_strlcpy(t.date, "2026-11-25", sizeof t.date);
   const mj_tuned_entry es[] = {
       ts_tuned_entry(s, "gemm1", 1, s->gemm1, MOEJIT_GEMM_PATH_WGMMA),
-      ts_tuned_entry(s, "gemm1", 32, tile(64, 128, 64, 6), MOEJIT_GEMM_PATH_WGMMA),
-      ts_tuned_entry(s, "gemm1", 256, tile(64, 128, 64, 6), MOEJIT_GEMM_PATH_WGMMA),
-      ts_tuned_entry(s, "gemm2", 64, tile(64, 128, 64, 4), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm1", 32, ts_tile(64, 128, 64, 6, 8), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm1", 256, ts_tile(64, 128, 64, 6, 8), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm2", 64, ts_tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA),
   };
   for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(&t, &es[i]));
   char file[256], path[1200];
@@ -236,10 +231,8 @@ static void expect_covered(const moejit_spec *s, const char *arch, const mj_gemm
     moejit_spec scratch;
     const moejit_spec *ks = mj_gemm_kernel_spec(c.spec, which, &c.plan, &scratch);
     const char *want[3] = {c.plan.entry, NULL, NULL};
-    if (which == 1 && c.plan.use_wgmma && !c.plan.wg_narrow)
-      want[1] = "moejit_gemm1_swiglu_wgmma_gather";
-    if (c.plan.use_gemv)
-      want[2] = which == 1 ? "moejit_layer_decode_gemm1" : "moejit_layer_decode_gemm2";
+    if (which == 1 && c.plan.use_wgmma && !c.plan.wg_narrow) want[1] = MJ_ENTRY_GEMM1_GATHER;
+    if (c.plan.use_gemv) want[2] = which == 1 ? MJ_ENTRY_DECODE1 : MJ_ENTRY_DECODE2;
     for (int i = 0; i < 3; i++)
       if (want[i])
         cr_expect(module_with(mods, n, c.plan.family, ks, want[i]),

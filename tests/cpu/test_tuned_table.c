@@ -410,10 +410,6 @@ static moejit_spec qwen(void) {
   return s;
 }
 
-static moejit_gemm_cfg tile(int m, int n, int k, int stages, int warps) {
-  return (moejit_gemm_cfg){m, n, k, stages, warps, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
-}
-
 /* Brute force of the bucket rule in long double logs (ties by exact
  * products, to the larger bucket). */
 static int64_t brute_nearest(const int64_t *b, size_t n, int64_t t) {
@@ -437,7 +433,7 @@ Test(tuned_lookup, exact_nearest_and_ties) {
   const int64_t buckets[] = {1, 8, 32, 256, 2048};
   for (size_t i = 0; i < 5; i++) {
     mj_tuned_entry e =
-        ts_tuned_entry(&s, "gemm1", buckets[i], tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+        ts_tuned_entry(&s, "gemm1", buckets[i], ts_tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
     OK(mj_tuned_table_put(&t, &e));
   }
   mj_tuned_match m;
@@ -481,7 +477,7 @@ Test(tuned_lookup, nearest_matches_a_brute_force) {
     for (size_t i = 0; i < n; i++) {
       b[i] = 1 + (int64_t)(ts_next(&r) % (round % 2 ? 64 : 1000000));
       mj_tuned_entry e =
-          ts_tuned_entry(&s, "gemm2", b[i], tile(128, 128, 64, 3, 8), MOEJIT_GEMM_PATH_MMA);
+          ts_tuned_entry(&s, "gemm2", b[i], ts_tile(128, 128, 64, 3, 8), MOEJIT_GEMM_PATH_MMA);
       OK(mj_tuned_table_put(&t, &e)); /* a repeated bucket replaces: same rule */
     }
     int64_t tok = 1 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
@@ -499,16 +495,17 @@ Test(tuned_lookup, entries_that_cannot_run_the_spec_are_skipped) {
   mj_tuned_table t;
   fill_header(&t, "dev");
   /* 256x256 with 4 warps: 512 accumulators per thread, refused by validate */
-  mj_tuned_entry e = ts_tuned_entry(&s, "gemm1", 8, tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_MMA);
+  mj_tuned_entry e =
+      ts_tuned_entry(&s, "gemm1", 8, ts_tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   /* mma.sync takes 4 or 8 warps */
-  e = ts_tuned_entry(&s, "gemm1", 16, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_MMA);
+  e = ts_tuned_entry(&s, "gemm1", 16, ts_tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   mj_tuned_match m;
   cr_expect_null(mj_tuned_lookup(&t, "gemm1", &s, 8, &m));
   cr_expect_eq(m, MJ_TUNED_NONE);
   /* the same 12-warp tile on wgmma is fine */
-  e = ts_tuned_entry(&s, "gemm1", 64, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_WGMMA);
+  e = ts_tuned_entry(&s, "gemm1", 64, ts_tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_WGMMA);
   OK(mj_tuned_table_put(&t, &e));
   const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &s, 8, &m);
   cr_assert_not_null(got);
@@ -526,7 +523,7 @@ Test(tuned_lookup, gemv_entries_apply_where_the_gemv_kernel_runs) {
   mj_tuned_table t;
   fill_header(&t, "dev");
   mj_tuned_entry e =
-      ts_tuned_entry(&s, "gemm1", 1, tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_GEMV);
+      ts_tuned_entry(&s, "gemm1", 1, ts_tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_GEMV);
   OK(mj_tuned_table_put(&t, &e));
   mj_tuned_match m;
   const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &s, 2, &m);
@@ -535,7 +532,7 @@ Test(tuned_lookup, gemv_entries_apply_where_the_gemv_kernel_runs) {
   cr_expect_null(mj_tuned_entry_blocker(got, &s));
   /* a tile that does not validate: skipped, even on gemv */
   mj_tuned_entry bad =
-      ts_tuned_entry(&s, "gemm1", 8, tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_GEMV);
+      ts_tuned_entry(&s, "gemm1", 8, ts_tile(256, 256, 64, 2, 4), MOEJIT_GEMM_PATH_GEMV);
   cr_expect_str_eq(mj_tuned_entry_blocker(&bad, &s), "the tile does not validate for this spec");
   OK(mj_tuned_table_put(&t, &bad));
   got = mj_tuned_lookup(&t, "gemm1", &s, 8, &m);
@@ -544,7 +541,7 @@ Test(tuned_lookup, gemv_entries_apply_where_the_gemv_kernel_runs) {
    * lookup's shape rule already keeps such entries out) */
   moejit_spec f = s;
   f.act_dtype = f.weight_dtype = f.out_dtype = MOEJIT_DTYPE_FP32;
-  f.gemm1 = f.gemm2 = tile(64, 64, 32, 2, 4);
+  f.gemm1 = f.gemm2 = ts_tile(64, 64, 32, 2, 4);
   OK(moejit_spec_validate(&f));
   mj_tuned_entry ef = ts_tuned_entry(&s, "gemm1", 1, f.gemm1, MOEJIT_GEMM_PATH_GEMV);
   const char *why = mj_tuned_entry_blocker(&ef, &f);
@@ -576,7 +573,7 @@ static char *write_table(const char *dir, const char *device, const char *file_d
   mj_tuned_table t;
   fill_header(&t, device);
   mj_tuned_entry e =
-      ts_tuned_entry(s, "gemm1", tokens, tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+      ts_tuned_entry(s, "gemm1", tokens, ts_tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   char file[256], *path = malloc(1200);
   cr_assert(path);
@@ -716,9 +713,9 @@ static void tuned_qwen_table(mj_tuned_table *t, const moejit_spec *s) {
   fill_header(t, "NVIDIA H100 80GB HBM3");
   strcpy(t->origin, "embedded:NVIDIA_H100_80GB_HBM3.yaml");
   const mj_tuned_entry es[] = {
-      ts_tuned_entry(s, "gemm1", 256, tile(128, 256, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA),
-      ts_tuned_entry(s, "gemm1", 1, tile(64, 64, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA),
-      ts_tuned_entry(s, "gemm1", 32, tile(16, 256, 128, 3, 8), MOEJIT_GEMM_PATH_MMA),
+      ts_tuned_entry(s, "gemm1", 256, ts_tile(128, 256, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm1", 1, ts_tile(64, 64, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(s, "gemm1", 32, ts_tile(16, 256, 128, 3, 8), MOEJIT_GEMM_PATH_MMA),
   };
   for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(t, &es[i]));
 }
@@ -771,7 +768,8 @@ Test(tuned_pick, no_table_or_no_runnable_entry_falls_back_visibly) {
   mj_tuned_table_free(&t);
   fill_header(&t, "dev");
   strcpy(t.origin, "/x/dev.yaml");
-  mj_tuned_entry e = ts_tuned_entry(&s, "gemm2", 4, tile(64, 64, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
+  mj_tuned_entry e =
+      ts_tuned_entry(&s, "gemm2", 4, ts_tile(64, 64, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
   OK(mj_tuned_table_put(&t, &e));
   p = collect(&t, NULL, &s, 2, "sm_86");
   cr_expect_eq(p.v.n, 0);
@@ -827,7 +825,7 @@ Test(tuned_pick, gemv_variant_runs_the_gemv_kernel) {
   strcpy(t.origin, "dev.yaml");
   const mj_tuned_entry es[] = {
       ts_tuned_entry(&s, "gemm2", 1, s.gemm2, MOEJIT_GEMM_PATH_GEMV),
-      ts_tuned_entry(&s, "gemm2", 32, tile(16, 128, 128, 3, 4), MOEJIT_GEMM_PATH_MMA),
+      ts_tuned_entry(&s, "gemm2", 32, ts_tile(16, 128, 128, 3, 4), MOEJIT_GEMM_PATH_MMA),
   };
   for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(&t, &es[i]));
   const char *archs[] = {"sm_90a", "sm_80", ""};
@@ -857,7 +855,8 @@ Test(tuned_pick, a_variant_whose_plan_fails_at_this_t_falls_back) {
   mj_tuned_table t;
   fill_header(&t, "dev");
   strcpy(t.origin, "dev.yaml");
-  mj_tuned_entry e = ts_tuned_entry(&s, "gemm1", 1, tile(16, 32, 64, 4, 4), MOEJIT_GEMM_PATH_MMA);
+  mj_tuned_entry e =
+      ts_tuned_entry(&s, "gemm1", 1, ts_tile(16, 32, 64, 4, 4), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   picked p = collect(&t, NULL, &s, 1, "sm_90a");
   cr_assert_eq(p.v.n, 1);
@@ -896,7 +895,8 @@ Test(tuned_pick, model_gemm_choice_describes_what_runs) {
   mj_tuned_table t;
   fill_header(&t, "Fake GPU");
   strcpy(t.origin, "/x/Fake_GPU.yaml");
-  mj_tuned_entry e = ts_tuned_entry(&s, "gemm1", 4, tile(32, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
+  mj_tuned_entry e =
+      ts_tuned_entry(&s, "gemm1", 4, ts_tile(32, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
   moejit_model *m = fake_model(&t, &s);
   char desc[512];

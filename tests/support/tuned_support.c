@@ -4,6 +4,11 @@
 
 #include "common/common.h"
 
+moejit_gemm_cfg ts_tile(int m, int n, int k, int stages, int warps) {
+  return (moejit_gemm_cfg){
+      m, n, k, stages, warps, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
+}
+
 mj_tuned_entry ts_tuned_entry(const moejit_spec *s, const char *kernel, int64_t tokens,
                               moejit_gemm_cfg cfg, moejit_gemm_path path) {
   mj_tuned_entry e;
