@@ -233,21 +233,21 @@ static moejit_status list_gemm(warm_list *w, int which) {
   return MOEJIT_OK;
 }
 
-static mj_gemm_module *group_find(group_list *gl, const char *family, const moejit_spec *spec) {
-  moejit_spec canon;
-  mj_spec_canonical(spec, &canon);
+/* The index of the module of (family, spec) in gl, or -1. spec is
+ * canonical, as warm_add stores every warm_job's. */
+static long group_index(const group_list *gl, const char *family, const moejit_spec *spec) {
   for (size_t i = 0; i < gl->n; i++)
-    if (strcmp(gl->g[i].family, family) == 0 && memcmp(&gl->g[i].spec, &canon, sizeof canon) == 0)
-      return &gl->g[i];
-  return NULL;
+    if (strcmp(gl->g[i].family, family) == 0 && memcmp(&gl->g[i].spec, spec, sizeof *spec) == 0)
+      return (long)i;
+  return -1;
 }
 
-/* The entries the module of (family, spec) is built with; NULL: all. */
+/* The entries the module of (family, canonical spec) is built with; NULL: all. */
 static const mj_entry_set *group_set(const group_list *gl, const char *family,
                                      const moejit_spec *spec) {
   if (!gl || !gl->subsets) return NULL;
-  const mj_gemm_module *g = group_find((group_list *)gl, family, spec);
-  return g ? &g->set : NULL;
+  const long i = group_index(gl, family, spec);
+  return i < 0 ? NULL : &gl->g[i].set;
 }
 
 /* Worker: code generation and the cache key run here, in parallel; module
@@ -299,7 +299,8 @@ static moejit_status load_plan_make(moejit_model *m, const char *arch, unsigned 
     const warm_job *j = &p->w.jobs[i];
     if (strcmp(j->family, "gemm1") != 0 && strcmp(j->family, "gemm2") != 0) continue;
     group_list *gl = &p->gl;
-    mj_gemm_module *g = group_find(gl, j->family, &j->spec);
+    const long at = group_index(gl, j->family, &j->spec);
+    mj_gemm_module *g = at < 0 ? NULL : &gl->g[at];
     if (!g && gl->n < MJ_LOAD_MAX_GROUPS) {
       g = &gl->g[gl->n++];
       g->family = j->family;

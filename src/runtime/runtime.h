@@ -49,12 +49,12 @@ moejit_status mj_ctx_get_function(moejit_ctx *ctx, const moejit_spec *spec, cons
  * by (spec, family, entry) alike, so a later mj_ctx_get_function of that
  * entry finds this function. */
 struct mj_entry_set;
-/* A copy of `in` whose bytes without meaning (after a string's NUL,
- * padding) are zero: equal specs compare equal with memcmp. */
-void mj_spec_canonical(const moejit_spec *in, moejit_spec *out);
 moejit_status mj_ctx_get_function_from(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
                                        const struct mj_entry_set *only, const char *entry,
                                        CUfunction *out);
+/* A copy of `in` whose bytes without meaning (after a string's NUL,
+ * padding) are zero: equal specs compare equal with memcmp. */
+void mj_spec_canonical(const moejit_spec *in, moejit_spec *out);
 
 /* cuLaunchKernel through the driver table, raising the dynamic shared-
  * memory limit of `fn` first when smem_bytes > 48 KiB. Makes the context
