@@ -84,15 +84,14 @@ __device__ __forceinline__ void mj_gemm1_mma(const AT *__restrict__ a, const WT 
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = t.row0 + p.m0 + mi * 16 + mj_acc_row(p.lane, half);
-        if (row >= t.row_end) continue;
-        AT *out = h + (long long)row * kExpertWidth;
-#pragma unroll
-        for (int q = 0; q < S::kNi / 2; ++q) {
-          const int col = h_col0 + p.n0 / 2 + q * 8 + mj_acc_col(p.lane);
-          if (col >= kExpertWidth) continue;
-          const float *g = &acc[mi][2 * q][2 * half], *u = &acc[mi][2 * q + 1][2 * half];
-          mj_store2(out + col, mj_silu(g[0]) * u[0], mj_silu(g[1]) * u[1]);
-        }
+        mj_store_acc_row<AT, S::kNi / 2>(h + (long long)row * kExpertWidth, h_col0 + p.n0 / 2,
+                                         kExpertWidth, row < t.row_end,
+                                         [&](int q, float *v0, float *v1) {
+                                           const float *g = &acc[mi][2 * q][2 * half];
+                                           const float *u = &acc[mi][2 * q + 1][2 * half];
+                                           *v0 = mj_silu(g[0]) * u[0];
+                                           *v1 = mj_silu(g[1]) * u[1];
+                                         });
       }
     }
   }
@@ -280,16 +279,14 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int row = t.row0 + S::row(c, mb, half);
-              if (row >= t.row_end) continue; // the next expert's rows, or past max_rows
-              act_t *out = h + (long long)row * kExpertWidth;
-#pragma unroll
-              for (int i = 0; i < kHalf / 8; ++i) {
-                const int col = h_col0 + S::col(i);
-                if (col >= kExpertWidth) continue;
-                const float *g = &acc[mb][4 * i + 2 * half];
-                const float *u = &acc[mb][4 * (i + kHalf / 8) + 2 * half];
-                mj_store2(out + col, mj_silu(g[0]) * u[0], mj_silu(g[1]) * u[1]);
-              }
+              const float *g = &acc[mb][2 * half], *u = &acc[mb][4 * (kHalf / 8) + 2 * half];
+              // rows at or past row_end: the next expert's, or past max_rows
+              mj_store_acc_row<act_t, kHalf / 8>(h + (long long)row * kExpertWidth, h_col0,
+                                                 kExpertWidth, row < t.row_end,
+                                                 [&](int i, float *v0, float *v1) {
+                                                   *v0 = mj_silu(g[4 * i]) * u[4 * i];
+                                                   *v1 = mj_silu(g[4 * i + 1]) * u[4 * i + 1];
+                                                 });
             }
           }
         };

@@ -66,15 +66,13 @@ __device__ __forceinline__ void mj_gemm2_mma(const AT *__restrict__ a, const WT 
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = t.row0 + p.m0 + mi * 16 + mj_acc_row(p.lane, half);
-        if (row >= t.row_end) continue;
-        const float s = scale ? __ldg(scale + row) : 1.f;
-        AT *out = y + (long long)row * kHidden;
-#pragma unroll
-        for (int ni = 0; ni < S::kNi; ++ni) {
-          const int col = n0 + p.n0 + ni * 8 + mj_acc_col(p.lane);
-          if (col >= kHidden) continue;
-          mj_store2(out + col, s * acc[mi][ni][2 * half], s * acc[mi][ni][2 * half + 1]);
-        }
+        const bool in = row < t.row_end;
+        const float s = scale && in ? __ldg(scale + row) : 1.f;
+        mj_store_acc_row<AT, S::kNi>(y + (long long)row * kHidden, n0 + p.n0, kHidden, in,
+                                     [&](int ni, float *v0, float *v1) {
+                                       *v0 = s * acc[mi][ni][2 * half];
+                                       *v1 = s * acc[mi][ni][2 * half + 1];
+                                     });
       }
     }
   }
@@ -270,15 +268,14 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int row = t.row0 + S::row(c, mb, half);
-              if (row >= t.row_end) continue; // the next expert's rows, or past max_rows
-              const float sc = scale ? __ldg(scale + row) : 1.f;
-              act_t *out = y + (long long)row * kHidden;
-#pragma unroll
-              for (int i = 0; i < S::kTN / 8; ++i) {
-                const int col = n0 + S::col(i);
-                if (col >= kHidden) continue;
-                mj_store2(out + col, sc * acc[mb][4 * i + 2 * half], sc * acc[mb][4 * i + 2 * half + 1]);
-              }
+              const bool in = row < t.row_end;  // not the next expert's rows, nor past max_rows
+              const float sc = scale && in ? __ldg(scale + row) : 1.f;
+              const float *a = &acc[mb][2 * half];
+              mj_store_acc_row<act_t, S::kTN / 8>(y + (long long)row * kHidden, n0, kHidden, in,
+                                                  [&](int i, float *v0, float *v1) {
+                                                    *v0 = sc * a[4 * i];
+                                                    *v1 = sc * a[4 * i + 1];
+                                                  });
             }
           }
         });

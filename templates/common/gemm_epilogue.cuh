@@ -4,6 +4,7 @@
 #define MOEJIT_COMMON_GEMM_EPILOGUE_CUH
 
 #include "common/dtype.cuh"
+#include "common/warp.cuh"
 
 // silu(x) = x * sigmoid(x); for x -> -inf, expf(-x) = inf and x / inf = -0.
 __device__ __forceinline__ float mj_silu(float x) { return x / (1.f + expf(-x)); }
@@ -20,6 +21,78 @@ template <typename T> __device__ __forceinline__ void mj_store2(T *p, float v0, 
     *reinterpret_cast<unsigned *>(p) = w;
   } else {
     *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
+  }
+}
+
+// Two floats rounded to a 2-byte T, packed low then high.
+template <typename T>
+__device__ __forceinline__ unsigned mj_pack2(float v0, float v1) {
+  static_assert(mj_dtype<T>::kBytes == 2, "mj_pack2: 2-byte types only");
+  return (mj_dtype<T>::from_float(v0) & 0xffffu) | (mj_dtype<T>::from_float(v1) << 16);
+}
+
+// Stores one accumulator row of a thread's NI n8 groups: pair(i, &v0, &v1)
+// gives the thread's two values of columns col0 + 8i + 2q and +1 (q = lane %
+// 4, the mma/wgmma accumulator layout; the 4 lanes of a quad hold the same
+// row). With NI a multiple of 4 and 2-byte T, each quad transposes every 4
+// groups among its lanes (two xor-shuffle steps) so that lane q holds all 8
+// columns of group 4m + q and stores them as one 16-byte vector: a warp
+// store then covers whole 32-byte sectors (8 rows x 64 bytes) instead of
+// half sectors, with a quarter of the store instructions. Every lane of the
+// warp must call it (the shuffles); `store` says whether this lane's row is
+// written. Groups at or past `limit` are skipped (col0 and limit multiples of
+// 8, so a group is all in or all out; row pointer and col0 16-byte aligned).
+template <typename T, int NI, class Pair>
+__device__ __forceinline__ void mj_store_acc_row(T *row_ptr, int col0, int limit, bool store,
+                                                 const Pair &pair) {
+  const int q = (int)(threadIdx.x & 3u);
+  if constexpr (NI % 4 == 0 && mj_dtype<T>::kBytes == 2) {
+#pragma unroll
+    for (int m = 0; m < NI / 4; ++m) {
+      unsigned a[4];
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        float v0, v1;
+        pair(4 * m + s, &v0, &v1);
+        a[s] = mj_pack2<T>(v0, v1);
+      }
+      // a[s] is (group 4m + s, column pair q); afterwards (group 4m + q,
+      // column pair s). First swap the off-diagonal 2x2 blocks, then
+      // transpose inside each block.
+      const bool hi = (q & 2) != 0, lo = (q & 1) != 0;
+      unsigned s0 = hi ? a[0] : a[2], s1 = hi ? a[1] : a[3];
+      unsigned r0 = __shfl_xor_sync(MJ_FULL_MASK, s0, 2), r1 = __shfl_xor_sync(MJ_FULL_MASK, s1, 2);
+      if (hi) {
+        a[0] = r0;
+        a[1] = r1;
+      } else {
+        a[2] = r0;
+        a[3] = r1;
+      }
+      s0 = lo ? a[0] : a[1];
+      s1 = lo ? a[2] : a[3];
+      r0 = __shfl_xor_sync(MJ_FULL_MASK, s0, 1);
+      r1 = __shfl_xor_sync(MJ_FULL_MASK, s1, 1);
+      if (lo) {
+        a[0] = r0;
+        a[2] = r1;
+      } else {
+        a[1] = r0;
+        a[3] = r1;
+      }
+      const int col = col0 + 32 * m + 8 * q;
+      if (store && col < limit)
+        *reinterpret_cast<uint4 *>(row_ptr + col) = make_uint4(a[0], a[1], a[2], a[3]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      const int col = col0 + 8 * i + 2 * q;
+      if (!store || col >= limit) continue;
+      float v0, v1;
+      pair(i, &v0, &v1);
+      mj_store2(row_ptr + col, v0, v1);
+    }
   }
 }
 
