@@ -105,6 +105,12 @@ typedef struct moejit_tune_opts {
   int no_table; /* 1: write results but no tuned table */
   moejit_tune_progress_fn progress;
   void *progress_user;
+  /* > 0: stability of a re-tune. Where the table already holds an entry for
+   * a point and this run timed that entry's configuration within this many
+   * percent of the point's winner, the entry keeps its configuration (with
+   * this run's time), so run-to-run noise does not swap tiles; only clear
+   * gains replace it. 0: every winner replaces the entry of its point. */
+  double keep_within;
 } moejit_tune_opts;
 
 /* Zeroes opts: every field at its default. */
@@ -162,6 +168,7 @@ typedef struct moejit_tune_summary {
   char results_dir[MOEJIT_PATH_MAX];
   char table_path[MOEJIT_PATH_MAX];
   size_t table_entries; /* entries this run put in the table */
+  size_t table_kept;    /* of those, entries that kept their configuration (keep_within) */
   /* One per (kernel, shape, token count) with a winner; owned by the
    * summary: release with moejit_tune_summary_free. */
   moejit_tune_winner *winners;

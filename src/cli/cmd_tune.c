@@ -40,6 +40,9 @@ static void tune_usage(FILE *f) {
           "  --compile-only        compile (warm the cache) even when a GPU is present\n"
           "  --dry-run             count and prune the candidates; compile nothing\n"
           "  --no-table            write results, but no tuned table\n"
+          "  --keep-within PCT     keep a table entry's configuration where this run timed\n"
+          "                        it within PCT percent of the winner (default 0: the\n"
+          "                        winner always replaces it)\n"
           "  --json                print the summary as one JSON object (progress: stderr)\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n");
@@ -48,7 +51,7 @@ static void tune_usage(FILE *f) {
 typedef struct tune_args {
   const char *sweep, *out, *results, *arch;
   int jobs, warmup, iters, json, dry_run, compile_only, no_table;
-  double budget;
+  double budget, keep_within;
 } tune_args;
 
 static int parse_budget(const char *v, double *out) {
@@ -59,6 +62,17 @@ static int parse_budget(const char *v, double *out) {
     return 0;
   }
   *out = s;
+  return 1;
+}
+
+static int parse_percent(const char *v, double *out) {
+  char *end = NULL;
+  double p = strtod(v, &end);
+  if (!end || *end || end == v || !(p >= 0) || p > 100) {
+    fprintf(stderr, "moejit: --keep-within: '%s' is not a percentage (0 to 100)\n", v);
+    return 0;
+  }
+  *out = p;
   return 1;
 }
 
@@ -79,6 +93,8 @@ static int parse_args(int argc, char **argv, tune_args *a) {
       if (bad || !cli_parse_int("--iters", v, 1, 1000, &a->iters)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--budget-seconds", &v, &bad)) {
       if (bad || !parse_budget(v, &a->budget)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--keep-within", &v, &bad)) {
+      if (bad || !parse_percent(v, &a->keep_within)) return CLI_EXIT_USAGE;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
     } else if (cli_flag(argv, i, "--dry-run")) {
@@ -230,9 +246,10 @@ static void print_summary(const moejit_tune_summary *s, const tune_args *a, cons
   printf("\nresults: %s/results.csv, results.json, chart.svg\n", s->results_dir);
   if (s->table_path[0])
     printf(
-        "tuned table: %s (%zu entries from this run); model loading reads it from "
+        "tuned table: %s (%zu entries from this run, %zu of them kept their configuration: "
+        "within --keep-within of the winner); model loading reads it from "
         "$MOEJIT_TUNED_DIR, or embedded after a rebuild\n",
-        s->table_path, s->table_entries);
+        s->table_path, s->table_entries, s->table_kept);
 }
 
 static void json_reasons(const moejit_tune_summary *s) {
@@ -287,7 +304,7 @@ static void print_json(const moejit_tune_summary *s, moejit_status st) {
   cli_json_str(stdout, s->results_dir);
   printf(",\"table_path\":");
   cli_json_str(stdout, s->table_path);
-  printf(",\"table_entries\":%zu,", s->table_entries);
+  printf(",\"table_entries\":%zu,\"table_kept\":%zu,", s->table_entries, s->table_kept);
   json_winners(s);
   printf("}\n");
 }
@@ -335,6 +352,7 @@ int cli_tune(int argc, char **argv) {
   moejit_tune_opts o;
   moejit_tune_opts_init(&o);
   o.out_table = a.out, o.results_dir = a.results, o.jobs = a.jobs, o.budget_seconds = a.budget;
+  o.keep_within = a.keep_within;
   o.warmup = a.warmup, o.iters = a.iters, o.arch = a.arch, o.dry_run = a.dry_run;
   o.no_table = a.no_table, o.progress = on_progress, o.progress_user = &p;
   moejit_tune_summary s;

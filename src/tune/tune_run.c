@@ -557,6 +557,44 @@ static moejit_status mkdir_parent(const char *path) {
   return mj_mkdir_p(dir, 0755);
 }
 
+static int same_cfg(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {
+  return a->tile_m == b->tile_m && a->tile_n == b->tile_n && a->tile_k == b->tile_k &&
+         a->stages == b->stages && a->warps == b->warps && a->cluster_m == b->cluster_m &&
+         a->cluster_n == b->cluster_n && a->raster == b->raster && a->schedule == b->schedule;
+}
+
+/* Whether entry e runs what (cfg, path) runs: the GEMV kernel ignores the tile. */
+static int same_choice(const mj_tuned_entry *e, const moejit_gemm_cfg *cfg, moejit_gemm_path path) {
+  return e->path == path && (path == MOEJIT_GEMM_PATH_GEMV || same_cfg(&e->cfg, cfg));
+}
+
+/* The table's entry for the point of `key` (kernel, dtype, shape, T), or NULL. */
+static const mj_tuned_entry *entry_of(const mj_tuned_table *t, const mj_tuned_entry *key) {
+  for (size_t i = 0; i < t->n; i++) {
+    const mj_tuned_entry *e = &t->entries[i];
+    if (!strcmp(e->kernel, key->kernel) && e->dtype == key->dtype && e->hidden == key->hidden &&
+        e->expert_width == key->expert_width && e->experts == key->experts &&
+        e->top_k == key->top_k && e->tokens == key->tokens)
+      return e;
+  }
+  return NULL;
+}
+
+/* This run's time of table entry e's configuration at its point (a candidate
+ * that ran and passed the check, resumed rows included); 0: not timed. */
+static double time_of_entry(const run *r, const mj_tuned_entry *e) {
+  const int which = strcmp(e->kernel, "gemm1") == 0 ? 1 : 2;
+  for (size_t i = 0; i < r->rows.n; i++) {
+    const mj_tune_row *row = &r->rows.rows[i];
+    if (row->role == MJ_ROLE_CANDIDATE && row->status == MJ_TS_OK && row->which == which &&
+        row->dtype == e->dtype && row->hidden == e->hidden &&
+        row->expert_width == e->expert_width && row->experts == e->experts &&
+        row->top_k == e->top_k && row->tokens == e->tokens && same_choice(e, &row->cfg, row->path))
+      return row->us;
+  }
+  return 0;
+}
+
 static moejit_status fill_table(run *r, const char *path, mj_tuned_table *t) {
   struct stat sb;
   if (stat(path, &sb) == 0) {
@@ -582,6 +620,14 @@ static moejit_status fill_table(run *r, const char *path, mj_tuned_table *t) {
     e.experts = w->experts, e.top_k = w->top_k, e.tokens = w->tokens;
     e.cfg = w->cfg, e.path = (moejit_gemm_path)w->path, e.us = w->us,
     e.heuristic_us = w->heuristic_us;
+    const mj_tuned_entry *old = r->o->keep_within > 0 ? entry_of(t, &e) : NULL;
+    if (old && !same_choice(old, &e.cfg, e.path)) {
+      const double us = time_of_entry(r, old);
+      if (us > 0 && us <= e.us * (1 + r->o->keep_within / 100)) {
+        e.cfg = old->cfg, e.path = old->path, e.us = us;
+        r->sum->table_kept++;
+      }
+    }
     moejit_status st = mj_tuned_table_put(t, &e);
     if (st) return st;
     r->sum->table_entries++;

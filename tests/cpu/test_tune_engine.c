@@ -642,3 +642,102 @@ Test(tune_data, reference_matches_a_naive_one) {
     mj_tune_data_free(&d);
   }
 }
+
+/* The fastest ok candidate row of GEMM `which` at T = tokens on `path` with
+ * tile_m (wgmma 64-row tiles come as the sweep's and as AUTO's narrow one). */
+static const mj_tune_row *row_of(const mj_tune_rows *rows, int which, int64_t tokens,
+                                 moejit_gemm_path path, int tile_m) {
+  const mj_tune_row *best = NULL;
+  for (size_t i = 0; i < rows->n; i++) {
+    const mj_tune_row *r = &rows->rows[i];
+    if (r->role == MJ_ROLE_CANDIDATE && r->status == MJ_TS_OK && r->which == which &&
+        r->tokens == tokens && r->path == path && r->cfg.tile_m == tile_m &&
+        (!best || r->us < best->us))
+      best = r;
+  }
+  cr_assert_not_null(best, "no ok row: gemm%d T=%lld path %d tile_m %d", which, (long long)tokens,
+                     (int)path, tile_m);
+  return best;
+}
+
+static mj_tuned_entry entry_from_row(const mj_tune_row *r) {
+  mj_tuned_entry e = {.dtype = r->dtype,
+                      .hidden = r->hidden,
+                      .expert_width = r->expert_width,
+                      .experts = r->experts,
+                      .top_k = r->top_k,
+                      .tokens = r->tokens,
+                      .cfg = r->cfg,
+                      .path = r->path,
+                      .us = 1};
+  mj_strlcpy(e.kernel, r->which == 1 ? "gemm1" : "gemm2", sizeof e.kernel);
+  return e;
+}
+
+/* keep_within: a re-tune (here resumed from the first run's results, so
+ * nothing is timed again) keeps an entry whose configuration it timed
+ * within the margin of the winner, with this run's time; an entry further
+ * off, or whose configuration the run did not time, gives way to the
+ * winner. In the fake's times the winner (wgmma 64x128) beats mma 64x128
+ * by 11% and wgmma 128x128 by 20% at T = 64. */
+Test(tune_engine, keep_within_keeps_close_entries_and_replaces_the_rest) {
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary first;
+  cr_assert_eq(run(&f, 0, &first), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tune_rows rows;
+  read_results(&rows);
+  const mj_tune_row *close = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_MMA, 64);
+  const mj_tune_row *far = row_of(&rows, 2, 64, MOEJIT_GEMM_PATH_WGMMA, 128);
+  const mj_tune_row *win1 = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_WGMMA, 64);
+  const mj_tune_row *win2 = row_of(&rows, 2, 64, MOEJIT_GEMM_PATH_WGMMA, 64);
+  cr_assert(close->us > win1->us && close->us < win1->us * 1.15, "%g vs %g", close->us, win1->us);
+  cr_assert(far->us > win2->us * 1.15, "%g vs %g", far->us, win2->us);
+
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, "Fake GPU 1", sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  mj_tuned_entry e = entry_from_row(close);
+  cr_assert_eq(mj_tuned_table_put(&t, &e), MOEJIT_OK, "%s", moejit_last_error());
+  e = entry_from_row(far);
+  cr_assert_eq(mj_tuned_table_put(&t, &e), MOEJIT_OK, "%s", moejit_last_error());
+  e = entry_from_row(row_of(&rows, 1, 512, MOEJIT_GEMM_PATH_WGMMA, 64));
+  e.cfg.tile_m = 256, e.cfg.tile_n = 256; /* a tile this sweep never times */
+  cr_assert_eq(mj_tuned_table_put(&t, &e), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(mj_tuned_table_write(&t, table), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tuned_table_free(&t);
+
+  fake f2 = {.wrong_tile_m = 16};
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = table, o.keep_within = 15;
+  mj_tune_backend be = backend(&f2);
+  moejit_tune_summary again;
+  cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &again), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(f2.measures, 0, "resumed: nothing timed again");
+  cr_assert_eq(again.table_kept, 1);
+  cr_assert_eq(again.table_entries, first.n_winners);
+
+  cr_assert_eq(mj_tuned_table_load_file(table, &t), MOEJIT_OK, "%s", moejit_last_error());
+  const mj_sweep_shape *sh = &sweep->shapes[0];
+  mj_tuned_match m;
+  const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &sh->spec, 64, &m);
+  cr_assert(got && m == MJ_TUNED_EXACT);
+  cr_assert_eq(got->path, MOEJIT_GEMM_PATH_MMA, "within 15%%: the entry keeps mma");
+  cr_assert_eq(got->cfg.tile_m, 64);
+  cr_assert_eq(got->cfg.stages, close->cfg.stages);
+  cr_assert_float_eq(got->us, close->us, 1e-3, "with this run's time");
+  got = mj_tuned_lookup(&t, "gemm2", &sh->spec, 64, &m);
+  cr_assert(got && m == MJ_TUNED_EXACT);
+  cr_assert_eq(got->path, MOEJIT_GEMM_PATH_WGMMA);
+  cr_assert_eq(got->cfg.tile_m, 64, "20%% slower: the winner replaces it");
+  cr_assert_float_eq(got->us, win2->us, 1e-3);
+  got = mj_tuned_lookup(&t, "gemm1", &sh->spec, 512, &m);
+  cr_assert(got && m == MJ_TUNED_EXACT);
+  cr_assert_eq(got->cfg.tile_m, 64, "never timed in this run: the winner replaces it");
+  cr_assert_eq(got->cfg.tile_n, 128);
+  mj_tuned_table_free(&t);
+  mj_tune_rows_free(&rows);
+  moejit_tune_summary_free(&first);
+  moejit_tune_summary_free(&again);
+}
