@@ -39,14 +39,17 @@ __device__ __forceinline__ unsigned mj_pack2(float v0, float v1) {
 // columns of group 4m + q and stores them as one 16-byte vector: a warp
 // store then covers whole 32-byte sectors (8 rows x 64 bytes) instead of
 // half sectors, with a quarter of the store instructions. Every lane of the
-// warp must call it (the shuffles); `store` says whether this lane's row is
-// written. Groups at or past `limit` are skipped (col0 and limit multiples of
+// warp must call it (the vote and the shuffles); `store` says whether this
+// lane's row is written. Groups at or past `limit` are skipped (col0 and limit multiples of
 // 8, so a group is all in or all out; row pointer and col0 16-byte aligned).
 template <typename T, int NI, class Pair>
 __device__ __forceinline__ void mj_store_acc_row(T *row_ptr, int col0, int limit, bool store,
                                                  const Pair &pair) {
   const int q = (int)(threadIdx.x & 3u);
   if constexpr (NI % 4 == 0 && mj_dtype<T>::kBytes == 2) {
+    // A warp whose rows all lie past the expert's end (most of a tile at
+    // small T) has nothing to compute or store.
+    if (!__any_sync(MJ_FULL_MASK, store)) return;
 #pragma unroll
     for (int m = 0; m < NI / 4; ++m) {
       unsigned a[4];
