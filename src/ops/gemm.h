@@ -80,6 +80,9 @@ const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which);
  * gemm_plan.c). */
 int mj_gemm_wgmma_enabled(void);
 
+/* 1 when a and b name the same GEMM configuration (every field). */
+int mj_gemm_cfg_equal(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b);
+
 /* The launch plan of GEMM `which` (1 or 2) for max_rows rows (>= 1) and the
  * requested path. INVALID_ARGUMENT for a spec whose gemm fields, shape or
  * dtypes are out of range, or a grid too large; UNSUPPORTED for path MMA

@@ -101,6 +101,12 @@ int mj_gemm_gemv_enabled(void) {
   return mj_env_switch("MOEJIT_GEMM_GEMV", 1);
 }
 
+int mj_gemm_cfg_equal(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {
+  return a->tile_m == b->tile_m && a->tile_n == b->tile_n && a->tile_k == b->tile_k &&
+         a->stages == b->stages && a->warps == b->warps && a->cluster_m == b->cluster_m &&
+         a->cluster_n == b->cluster_n && a->raster == b->raster && a->schedule == b->schedule;
+}
+
 int mj_gemm_wgmma_enabled(void) {
   return mj_env_switch("MOEJIT_GEMM_WGMMA", MJ_GEMM_WGMMA_DEFAULT);
 }

@@ -398,12 +398,6 @@ static moejit_status find_table(moejit_ctx *ctx, const moejit_load_opts *opts, m
   return table_named(info.name, opts, "moejit_model_load", t, have, why, cap);
 }
 
-static int same_cfg(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {
-  return a->tile_m == b->tile_m && a->tile_n == b->tile_n && a->tile_k == b->tile_k &&
-         a->stages == b->stages && a->warps == b->warps && a->cluster_m == b->cluster_m &&
-         a->cluster_n == b->cluster_n && a->raster == b->raster && a->schedule == b->schedule;
-}
-
 static family_job *add_job(load_batch *b, const char *name, const moejit_spec *spec, int row,
                            int variant) {
   family_job *j = &b->jobs[b->n++];
@@ -442,10 +436,10 @@ static void plan_jobs(load_batch *b, unsigned families, const mj_tuned_table *ta
 static int module_kind(const moejit_model *m, const mj_gemm_module *g) {
   const int which = strcmp(g->family, "gemm1") == 0 ? 1 : 2;
   const moejit_gemm_cfg *cfg = which == 1 ? &g->spec.gemm1 : &g->spec.gemm2;
-  if (same_cfg(cfg, which == 1 ? &m->spec.gemm1 : &m->spec.gemm2)) return 0;
+  if (mj_gemm_cfg_equal(cfg, which == 1 ? &m->spec.gemm1 : &m->spec.gemm2)) return 0;
   const mj_gemm_variants *vs = &m->gemm_variants[which - 1];
   for (int i = 0; i < vs->n; i++)
-    if (same_cfg(cfg, &vs->v[i].cfg)) return 1;
+    if (mj_gemm_cfg_equal(cfg, &vs->v[i].cfg)) return 1;
   return 2;
 }
 

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "common/common.h"
+#include "ops/gemm.h"
 #include "tune/tune.h"
 #include "tune/tuned_table.h"
 
@@ -557,15 +558,9 @@ static moejit_status mkdir_parent(const char *path) {
   return mj_mkdir_p(dir, 0755);
 }
 
-static int same_cfg(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {
-  return a->tile_m == b->tile_m && a->tile_n == b->tile_n && a->tile_k == b->tile_k &&
-         a->stages == b->stages && a->warps == b->warps && a->cluster_m == b->cluster_m &&
-         a->cluster_n == b->cluster_n && a->raster == b->raster && a->schedule == b->schedule;
-}
-
 /* Whether entry e runs what (cfg, path) runs: the GEMV kernel ignores the tile. */
 static int same_choice(const mj_tuned_entry *e, const moejit_gemm_cfg *cfg, moejit_gemm_path path) {
-  return e->path == path && (path == MOEJIT_GEMM_PATH_GEMV || same_cfg(&e->cfg, cfg));
+  return e->path == path && (path == MOEJIT_GEMM_PATH_GEMV || mj_gemm_cfg_equal(&e->cfg, cfg));
 }
 
 /* The table's entry for the point of `key` (kernel, dtype, shape, T), or NULL. */
