@@ -54,25 +54,17 @@ typedef struct tune_args {
   double budget, keep_within;
 } tune_args;
 
-static int parse_budget(const char *v, double *out) {
+/* A number in [lo, hi] (above lo when lo_open) for option opt; `what`
+ * says what it should be when it is not. */
+static int parse_real(const char *opt, const char *v, double lo, int lo_open, double hi,
+                      const char *what, double *out) {
   char *end = NULL;
-  double s = strtod(v, &end);
-  if (!end || *end || end == v || !(s > 0) || s > 1e7) {
-    fprintf(stderr, "moejit: --budget-seconds: '%s' is not a number of seconds > 0\n", v);
+  double x = strtod(v, &end);
+  if (!end || *end || end == v || !(lo_open ? x > lo : x >= lo) || x > hi) {
+    fprintf(stderr, "moejit: %s: '%s' is not %s\n", opt, v, what);
     return 0;
   }
-  *out = s;
-  return 1;
-}
-
-static int parse_percent(const char *v, double *out) {
-  char *end = NULL;
-  double p = strtod(v, &end);
-  if (!end || *end || end == v || !(p >= 0) || p > 100) {
-    fprintf(stderr, "moejit: --keep-within: '%s' is not a percentage (0 to 100)\n", v);
-    return 0;
-  }
-  *out = p;
+  *out = x;
   return 1;
 }
 
@@ -92,9 +84,13 @@ static int parse_args(int argc, char **argv, tune_args *a) {
     } else if (cli_opt_value(argc, argv, &i, "--iters", &v, &bad)) {
       if (bad || !cli_parse_int("--iters", v, 1, 1000, &a->iters)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--budget-seconds", &v, &bad)) {
-      if (bad || !parse_budget(v, &a->budget)) return CLI_EXIT_USAGE;
+      if (bad ||
+          !parse_real("--budget-seconds", v, 0, 1, 1e7, "a number of seconds > 0", &a->budget))
+        return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--keep-within", &v, &bad)) {
-      if (bad || !parse_percent(v, &a->keep_within)) return CLI_EXIT_USAGE;
+      if (bad ||
+          !parse_real("--keep-within", v, 0, 0, 100, "a percentage (0 to 100)", &a->keep_within))
+        return CLI_EXIT_USAGE;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
     } else if (cli_flag(argv, i, "--dry-run")) {

@@ -563,18 +563,6 @@ static int same_choice(const mj_tuned_entry *e, const moejit_gemm_cfg *cfg, moej
   return e->path == path && (path == MOEJIT_GEMM_PATH_GEMV || mj_gemm_cfg_equal(&e->cfg, cfg));
 }
 
-/* The table's entry for the point of `key` (kernel, dtype, shape, T), or NULL. */
-static const mj_tuned_entry *entry_of(const mj_tuned_table *t, const mj_tuned_entry *key) {
-  for (size_t i = 0; i < t->n; i++) {
-    const mj_tuned_entry *e = &t->entries[i];
-    if (!strcmp(e->kernel, key->kernel) && e->dtype == key->dtype && e->hidden == key->hidden &&
-        e->expert_width == key->expert_width && e->experts == key->experts &&
-        e->top_k == key->top_k && e->tokens == key->tokens)
-      return e;
-  }
-  return NULL;
-}
-
 /* This run's time of table entry e's configuration at its point (a candidate
  * that ran and passed the check, resumed rows included); 0: not timed. */
 static double time_of_entry(const run *r, const mj_tuned_entry *e) {
@@ -615,7 +603,7 @@ static moejit_status fill_table(run *r, const char *path, mj_tuned_table *t) {
     e.experts = w->experts, e.top_k = w->top_k, e.tokens = w->tokens;
     e.cfg = w->cfg, e.path = (moejit_gemm_path)w->path, e.us = w->us,
     e.heuristic_us = w->heuristic_us;
-    const mj_tuned_entry *old = r->o->keep_within > 0 ? entry_of(t, &e) : NULL;
+    const mj_tuned_entry *old = r->o->keep_within > 0 ? mj_tuned_table_find(t, &e) : NULL;
     if (old && !same_choice(old, &e.cfg, e.path)) {
       const double us = time_of_entry(r, old);
       if (us > 0 && us <= e.us * (1 + r->o->keep_within / 100)) {

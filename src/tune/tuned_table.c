@@ -686,6 +686,12 @@ moejit_status mj_tuned_table_put(mj_tuned_table *t, const mj_tuned_entry *e) {
   return MOEJIT_OK;
 }
 
+const mj_tuned_entry *mj_tuned_table_find(const mj_tuned_table *t, const mj_tuned_entry *key) {
+  for (size_t i = 0; i < t->n; i++)
+    if (entry_key_cmp(key, &t->entries[i]) == 0) return &t->entries[i];
+  return NULL;
+}
+
 void mj_tuned_table_free(mj_tuned_table *t) {
   if (!t) return;
   free(t->entries);

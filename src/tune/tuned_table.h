@@ -61,6 +61,9 @@ moejit_status mj_tuned_table_write(const mj_tuned_table *t, const char *path);
  * table file could not hold: kernel not gemm1/gemm2, dtype not bf16/fp16,
  * path not MMA/WGMMA/GEMV, shape, tile or times out of range. */
 moejit_status mj_tuned_table_put(mj_tuned_table *t, const mj_tuned_entry *e);
+
+/* The entry of t with key's (kernel, dtype, shape, tokens), or NULL. */
+const mj_tuned_entry *mj_tuned_table_find(const mj_tuned_table *t, const mj_tuned_entry *key);
 /* Frees the entries; *t becomes empty. NULL is a no-op. */
 void mj_tuned_table_free(mj_tuned_table *t);
 

@@ -12,23 +12,21 @@ __device__ __forceinline__ float mj_silu(float x) { return x / (1.f + expf(-x));
 // An m16n8 accumulator tile: registers {0,1} are row lane/4, columns
 // 2*(lane%4) + {0,1}; registers {2,3} the same columns 8 rows further down.
 __device__ __forceinline__ int mj_acc_row(int lane, int half) { return (lane >> 2) + half * 8; }
-__device__ __forceinline__ int mj_acc_col(int lane) { return (lane & 3) * 2; }
-
-// Stores two consecutive elements (p aligned to two elements) rounded to T.
-template <typename T> __device__ __forceinline__ void mj_store2(T *p, float v0, float v1) {
-  if constexpr (mj_dtype<T>::kBytes == 2) {
-    const unsigned w = (mj_dtype<T>::from_float(v0) & 0xffffu) | (mj_dtype<T>::from_float(v1) << 16);
-    *reinterpret_cast<unsigned *>(p) = w;
-  } else {
-    *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
-  }
-}
 
 // Two floats rounded to a 2-byte T, packed low then high.
 template <typename T>
 __device__ __forceinline__ unsigned mj_pack2(float v0, float v1) {
   static_assert(mj_dtype<T>::kBytes == 2, "mj_pack2: 2-byte types only");
   return (mj_dtype<T>::from_float(v0) & 0xffffu) | (mj_dtype<T>::from_float(v1) << 16);
+}
+
+// Stores two consecutive elements (p aligned to two elements) rounded to T.
+template <typename T> __device__ __forceinline__ void mj_store2(T *p, float v0, float v1) {
+  if constexpr (mj_dtype<T>::kBytes == 2) {
+    *reinterpret_cast<unsigned *>(p) = mj_pack2<T>(v0, v1);
+  } else {
+    *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
+  }
 }
 
 // Stores one accumulator row of a thread's NI n8 groups: pair(i, &v0, &v1)

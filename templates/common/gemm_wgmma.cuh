@@ -72,15 +72,14 @@ template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0> struct mj
   // The register budget: at most 128 accumulators per consumer thread.
   static constexpr bool kFits = kMB * kTN <= 256 && kTN >= 32 && kTN <= 256 && kTN % 32 == 0;
 
-  // Tile row of accumulator pair `half` (0, 1) of m64 block mb of consumer c,
-  // and the tile column of n8 group i (the m64nNk16 accumulator layout: thread
+  // Tile row of accumulator pair `half` (0, 1) of m64 block mb of consumer c
+  // (the m64nNk16 accumulator layout: thread
   // t of the warpgroup holds rows 16*(t/32) + (t%32)/4 (+8), columns
   // 8*i + 2*(t%4) (+1), in acc[4*i + 2*half + 0..1]).
   __device__ static int row(int c, int mb, int half) {
     const int t = threadIdx.x & 127;
     return (PP ? 0 : c * kWgRows) + mb * 64 + (t >> 5) * 16 + ((t & 31) >> 2) + half * 8;
   }
-  __device__ static int col(int i) { return i * 8 + (threadIdx.x & 3) * 2; }
 };
 
 // The narrow decode tile: 64 x 128, 8 stages of 64-wide k-tiles, one
