@@ -387,32 +387,24 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
 // bytes per thread and row (thread t: 16-byte chunk t % 8 of rows t / 8 +
 // 16 i), into the layout TMA's 128-byte swizzle gives (chunk c of row r at
 // r * 128 + (c ^ r % 8) * 16), so the consumers cannot tell the two apart;
-// thread 0 still loads B by TMA. cp.async writes through the generic proxy
-// and wgmma reads through the async one, so a stage is handed over only
-// after the thread's copies landed and a proxy fence: each thread keeps
-// mj_wg_gather_lag stages of copies in flight, then waits for the oldest,
-// fences and arrives on its full barrier (which expects 1 + 128 arrivals).
-// The lag stays below kStages - 1: a consumer waiting on stage n still
-// holds stage n - 1, so the producer can run at most kStages - 2 ahead.
+// thread 0 still loads B by TMA. Each thread hands its copies of a stage
+// over without waiting for them: cp.async.mbarrier.arrive.noinc makes the
+// copies' completion one arrival on the stage's full barrier (which expects
+// 1 + 128 arrivals: thread 0's expect_tx and one per thread), so the
+// producer runs as far ahead as the ring lets it, as the TMA producer does.
+// cp.async writes through the generic proxy and wgmma reads through the
+// async one: the consumers fence the proxies after the full barrier
+// (mj_wg_consume's kGather).
 template <typename T> struct mj_wg_gather_src {
   const T *x;
   const int *index;
   int div, x_rows;
 };
 
-template <class S> __host__ __device__ constexpr int mj_wg_gather_lag() {
-  return S::kStages - 2 < 0 ? 0 : (S::kStages - 2 > 3 ? 3 : S::kStages - 2);
-}
-
-// The gathering producer's position: stages issued, for the lagged arrivals.
-struct mj_wg_gather_state {
-  int issued = 0;
-};
-
-template <class S>
-__device__ __forceinline__ void mj_wg_gather_arrive(const mj_wg_smem<S> &sm, int slot) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  mj_mbar_arrive(sm.full + slot * 8);
+// One arrival on the mbarrier at `bar` once every cp.async this thread
+// issued before it has landed; .noinc: the barrier's count already holds it.
+__device__ __forceinline__ void mj_cp_async_arrive(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 // Rows of this thread in a tile (thread t: rows t / 8 + 16 i): their index
@@ -438,11 +430,10 @@ __device__ __forceinline__ void mj_wg_gather_index(const mj_wg_gather_src<T> &g,
 // is issued (with one k-tile: before it), `next` (when has_next) gets the
 // next tile's, so their index loads are in flight while this tile streams.
 template <class S, int K, bool kSplitB, int CM, typename T>
-__device__ __forceinline__ void mj_wg_produce_gather(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
-                                                     mj_wg_gather_state &gs, const mj_wg_gather_src<T> &g,
-                                                     const mj_tmap *tw, const mj_wg_gather_rows<S> &rows,
-                                                     int w_row0, int w_row1, unsigned rank, bool has_next,
-                                                     const mj_gemm_tile &t_next, mj_wg_gather_rows<S> &next) {
+__device__ __forceinline__ void mj_wg_produce_gather(
+    const mj_wg_smem<S> &sm, mj_wg_ring &ring, const mj_wg_gather_src<T> &g, const mj_tmap *tw,
+    const mj_wg_gather_rows<S> &rows, int w_row0, int w_row1, unsigned rank, bool has_next,
+    const mj_gemm_tile &t_next, mj_wg_gather_rows<S> &next) {
   constexpr int kTiles = (K + 63) / 64;
   constexpr int kRows = mj_wg_gather_rows<S>::kRows;
   const int tid = threadIdx.x & 127, chunk = tid & 7, r0 = tid >> 3;
@@ -470,24 +461,9 @@ __device__ __forceinline__ void mj_wg_produce_gather(const mj_wg_smem<S> &sm, mj
       const bool ok = src[i] >= 0 && col < K;
       mj_cp_async16(a + r * 128 + ((chunk ^ (r & 7)) << 4), ok ? g.x + (long long)src[i] * K + col : g.x, ok);
     }
-    mj_cp_async_commit();
-    constexpr int kLag = mj_wg_gather_lag<S>();
-    if (++gs.issued > kLag) { // the stage kLag back has landed: hand it over
-      mj_cp_async_wait<kLag>();
-      mj_wg_gather_arrive<S>(sm, (ring.s + S::kStages - kLag) % S::kStages);
-    }
+    mj_cp_async_arrive(full);
     ring.next<S>();
   }
-}
-
-// Hands over the stages still in flight, oldest first (the end of the work).
-template <class S>
-__device__ __forceinline__ void mj_wg_gather_flush(const mj_wg_smem<S> &sm, const mj_wg_ring &ring,
-                                                   const mj_wg_gather_state &gs) {
-  mj_cp_async_wait<0>();
-  constexpr int kLag = mj_wg_gather_lag<S>();
-  const int pending = gs.issued < kLag ? gs.issued : kLag;
-  for (int j = pending; j >= 1; --j) mj_wg_gather_arrive<S>(sm, (ring.s + S::kStages - j) % S::kStages);
 }
 
 // Gives stage `stage` back: to this CTA's producer, or (CM = 2) to both
@@ -502,7 +478,7 @@ template <int CM> __device__ __forceinline__ void mj_wg_release(unsigned empty_b
 // one group; once the group before it has completed, that stage goes back to
 // the producer (one arrival per consumer warp); the last stage goes back
 // when all are done.
-template <class S, typename T, int K, int CM>
+template <class S, typename T, int K, int CM, bool kGather = false>
 __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_ring &ring, int c,
                                               float (&acc)[S::kMB][S::kAcc]) {
   constexpr int kTiles = (K + 63) / 64;
@@ -516,6 +492,8 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
 #pragma unroll 1
   for (int kt = 0; kt < kTiles; ++kt) {
     mj_mbar_wait(sm.full + ring.s * 8, ring.phase); // the stage's TMA bytes have landed
+    if constexpr (kGather)  // A came by cp.async (generic proxy); wgmma reads through the async one
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #pragma unroll
     for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
     mj_wgmma_fence();
@@ -585,7 +563,6 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
     if constexpr (S::kConsumers == 2) mj_setmaxnreg_dec<40>();
     if constexpr (kGather) {
       if (threadIdx.x == 0) mj_tma_prefetch(tw);
-      mj_wg_gather_state gs;
       mj_wg_gather_rows<S> cur, nxt;
       mj_gemm_tile t = {};
       if (first < items) {
@@ -600,12 +577,12 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
                      : t;
         int w_row0, w_row1;
         w_rows(t, &w_row0, &w_row1);
-        mj_wg_produce_gather<S, K, kSplitB, CM, T>(sm, ring, gs, *gather, tw, cur, w_row0, w_row1, rank,
+        mj_wg_produce_gather<S, K, kSplitB, CM, T>(sm, ring, *gather, tw, cur, w_row0, w_row1, rank,
                                                    has_next, t_next, nxt);
         t = t_next;
         cur = nxt;
       }
-      mj_wg_gather_flush<S>(sm, ring, gs);
+      asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
     } else {
       if (threadIdx.x != 0) return;
       mj_tma_prefetch(ta);
@@ -639,7 +616,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
         mj_mbar_wait(sm.order + (1 - c) * 8, order_phase);
         order_phase ^= 1u;
       }
-      mj_wg_consume<S, T, K, CM>(sm, ring, c, acc);
+      mj_wg_consume<S, T, K, CM, kGather>(sm, ring, c, acc);
       if (S::kPingPong) {
         if (signals) mj_mbar_arrive(sm.order + c * 8);
         ring.skip<S>((K + 63) / 64); // the other warpgroup's next tile
