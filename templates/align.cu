@@ -25,8 +25,8 @@
 #include "common/rows.cuh"
 #include "common/warp.cuh"
 
-static constexpr int kBins = kExperts + 1;
-static constexpr int kDroppedBin = kExperts;
+enum : int { kBins = kExperts + 1 };
+enum : int { kDroppedBin = kExperts };
 
 static_assert(kGemmTileM >= 1, "align: the GEMM tile needs at least one row");
 static_assert(kBlockThreads % 32 == 0, "align: block_threads must be a multiple of 32");
@@ -43,10 +43,10 @@ __device__ __forceinline__ int bin_of(int expert, int first, int last) {
 // below it, which is entry order. The warps' histograms are then scanned so
 // that each rank becomes the rank inside the block's chunk, and the chunk's
 // histogram goes to chunk_counts [chunks][kBins].
-static constexpr int kWarps = kBlockThreads / 32;
-static constexpr int kCountBatch = 8;
+enum : int { kWarps = kBlockThreads / 32 };
+enum : int { kCountBatch = 8 };
 // Mirrored by src/ops (mj_align_chunk_entries), which sizes the workspace.
-static constexpr int kChunkEntries = kBlockThreads * kCountBatch;
+enum : int { kChunkEntries = kBlockThreads * kCountBatch };
 
 // Counts chunk `chunk` (blockDim.x == kBlockThreads): each entry's rank
 // inside the chunk goes to chunk_rank, the chunk's histogram to
@@ -285,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
 // --- 3. scatter + copy ----------------------------------------------------
 typedef mj_row_tiling<act_t> row_tiling;
-static constexpr int kCopyUnroll = 4;  // vectors in flight per thread
+enum : int { kCopyUnroll = 4 };  // vectors in flight per thread
 
 // xs[rows[tt*k + j]] = x[t0 + tt] for the tile's tokens, in 16-byte vectors:
 // each vector of x is read once and written to the token's k rows (reading

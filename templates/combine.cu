@@ -12,10 +12,10 @@
 #include "common/rows.cuh"
 
 typedef mj_row_tiling<act_t> row_tiling;
-static constexpr int kVecElems = row_tiling::kVecElems;
-static constexpr int kTileTokens = row_tiling::kTokens;
+enum : int { kVecElems = row_tiling::kVecElems };
+enum : int { kTileTokens = row_tiling::kTokens };
 // Loads issued before accumulating; more would only cost registers.
-static constexpr int kLoadBatch = kTopK < 8 ? kTopK : 8;
+enum : int { kLoadBatch = kTopK < 8 ? kTopK : 8 };
 
 static_assert(kBlockThreads % 32 == 0, "combine: block_threads must be a multiple of 32");
 

@@ -23,8 +23,8 @@
 #include "common/dtype.cuh"
 #include "common/warp.cuh"
 
-static constexpr int kMaxWorld = 64;
-static constexpr int kScanThreads = 1024;
+enum : int { kMaxWorld = 64 };
+enum : int { kScanThreads = 1024 };
 
 static_assert(kBlockThreads % 32 == 0, "ep: block_threads must be a multiple of 32");
 
@@ -104,7 +104,7 @@ __device__ __forceinline__ int ep_warps() {
 }
 
 typedef mj_words<act_t, mj_pow2_divisor(kHidden, 16 / mj_dtype<act_t>::kBytes)> act_words;
-static constexpr int kActVec = mj_pow2_divisor(kHidden, 16 / mj_dtype<act_t>::kBytes);
+enum : int { kActVec = mj_pow2_divisor(kHidden, 16 / mj_dtype<act_t>::kBytes) };
 
 // --- 3. pack ---------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -171,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // --- 4. combine the partial outputs ----------------------------------------
-static constexpr int kOutVec = mj_pow2_divisor(kHidden, 16 / mj_dtype<out_t>::kBytes);
+enum : int { kOutVec = mj_pow2_divisor(kHidden, 16 / mj_dtype<out_t>::kBytes) };
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     moejit_ep_combine(const out_t *__restrict__ partial, const out_t *__restrict__ back,

@@ -32,10 +32,12 @@
 #include "common/route.cuh"
 
 typedef mj_gemm_shape<kTileM, kTileN, kTileK, kStages, kWarps> Gemm1Shape;
-static constexpr int kG1HalfN = kTileN / 2; // h columns per n-tile
-static constexpr int kG1NTiles = (kExpertWidth + kG1HalfN - 1) / kG1HalfN;
-static constexpr bool kG1Mma = mj_same_type<act_t, weight_t>::value && mj_is_mma_type<act_t>::value &&
-                               (kWarps == 4 || kWarps == 8) && kHidden % 8 == 0 && kExpertWidth % 8 == 0;
+enum : int { kG1HalfN = kTileN / 2 };  // h columns per n-tile
+enum : int { kG1NTiles = (kExpertWidth + kG1HalfN - 1) / kG1HalfN };
+enum : bool {
+  kG1Mma = mj_same_type<act_t, weight_t>::value && mj_is_mma_type<act_t>::value &&
+           (kWarps == 4 || kWarps == 8) && kHidden % 8 == 0 && kExpertWidth % 8 == 0
+};
 
 static_assert(kBlockThreads == kWarps * 32, "gemm1: kBlockThreads must be kWarps * 32");
 static_assert(2LL * kExpertWidth * kHidden < (1LL << 31), "gemm1: one expert's W1 must fit int32 offsets");
@@ -182,9 +184,11 @@ moejit_gemm1_swiglu_gemv(const act_t *__restrict__ a, const weight_t *__restrict
 // are entries (token-slot order), not expert-sorted rows. GEMM 1 units are
 // kDecode1Cols columns (one: the shortest chain per warp).
 // The second launch is templates/gemm2.cu: moejit_layer_decode_gemm2.
-static constexpr int kDecode1Cols = 1;
-static constexpr int kDecode2Groups = kHidden / kGemv2Cols; // counters of mj_decode2_unit
-static constexpr bool kDecodeOk = kGemvOk && kTopK <= kGemvPassRows && kGemvWarps * kTopK >= kGemvPassRows;
+enum : int { kDecode1Cols = 1 };
+enum : int { kDecode2Groups = kHidden / kGemv2Cols };  // counters of mj_decode2_unit
+enum : bool {
+  kDecodeOk = kGemvOk && kTopK <= kGemvPassRows && kGemvWarps * kTopK >= kGemvPassRows
+};
 
 // With `prefetch` the W2 rows of the active experts go to L2 (evict_last)
 // before the GEMM 1 units: GEMM 2 then reads W2 from L2. The host asks for

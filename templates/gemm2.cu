@@ -22,9 +22,11 @@
 #include "common/gemm_gemv.cuh"
 
 typedef mj_gemm_shape<kTileM, kTileN, kTileK, kStages, kWarps> Gemm2Shape;
-static constexpr int kG2NTiles = (kHidden + kTileN - 1) / kTileN;
-static constexpr bool kG2Mma = mj_same_type<act_t, weight_t>::value && mj_is_mma_type<act_t>::value &&
-                               (kWarps == 4 || kWarps == 8) && kHidden % 8 == 0 && kExpertWidth % 8 == 0;
+enum : int { kG2NTiles = (kHidden + kTileN - 1) / kTileN };
+enum : bool {
+  kG2Mma = mj_same_type<act_t, weight_t>::value && mj_is_mma_type<act_t>::value &&
+           (kWarps == 4 || kWarps == 8) && kHidden % 8 == 0 && kExpertWidth % 8 == 0
+};
 
 static_assert(kBlockThreads == kWarps * 32, "gemm2: kBlockThreads must be kWarps * 32");
 static_assert((long long)kHidden * kExpertWidth < (1LL << 31), "gemm2: one expert's W2 must fit int32 offsets");

@@ -12,7 +12,7 @@
 // 0..k-1 in one coalesced store each.
 #include "common/route.cuh"
 
-static constexpr int kWarpsPerBlock = kBlockThreads / 32;
+enum : int { kWarpsPerBlock = kBlockThreads / 32 };
 static_assert(kBlockThreads % 32 == 0, "route: block_threads must be a multiple of 32");
 
 // One warp per token; blocks of kWarpsPerBlock tokens. `bias` (fp32 [E], may

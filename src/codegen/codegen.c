@@ -186,18 +186,16 @@ static void one_line(char *s) {
  * (and recompile) route, align or combine. */
 static void emit_gemm_constants(mj_buf *b, const moejit_gemm_cfg *g) {
   if (!g) return;
+  mj_buf_printf(
+      b, "enum : int { kTileM = %d, kTileN = %d, kTileK = %d, kStages = %d, kWarps = %d };\n",
+      g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps);
   mj_buf_printf(b,
-                "static constexpr int kTileM = %d;\nstatic constexpr int kTileN = %d;\n"
-                "static constexpr int kTileK = %d;\nstatic constexpr int kStages = %d;\n"
-                "static constexpr int kWarps = %d;\n",
-                g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps);
-  mj_buf_printf(b,
-                "static constexpr int kClusterM = %d;\nstatic constexpr int kClusterN = %d;\n"
-                "static constexpr int kRaster = %d; // 0 along_m, 1 along_n\n",
+                "enum : int { kClusterM = %d, kClusterN = %d };\n"
+                "enum : int { kRaster = %d }; // 0 along_m, 1 along_n\n",
                 g->cluster_m, g->cluster_n, (int)g->raster);
   /* a macro too: kernel attributes (__cluster_dims__) are chosen by #if */
   mj_buf_printf(b, "#define MJ_CLUSTER_M %d\n", g->cluster_m);
-  mj_buf_printf(b, "static constexpr int kSchedule = %d; // 0 cooperative, 1 pingpong\n",
+  mj_buf_printf(b, "enum : int { kSchedule = %d }; // 0 cooperative, 1 pingpong\n",
                 (int)g->schedule);
 }
 
@@ -216,19 +214,16 @@ static moejit_status emit_prelude(mj_buf *b, const moejit_spec *s, const char *f
                 moejit_version_string(), family, arch, summary);
   mj_buf_printf(b, "#define MOEJIT_ARCH_SM %d\n", sm);
   mj_buf_printf(b,
-                "static constexpr int kHidden = %lld;\n"
-                "static constexpr int kExpertWidth = %lld;\n"
-                "static constexpr int kExperts = %d;\nstatic constexpr int kTopK = %d;\n",
+                "enum : int { kHidden = %lld, kExpertWidth = %lld, kExperts = %d, kTopK = %d };\n",
                 (long long)s->hidden, (long long)s->expert_width, (int)s->experts, (int)s->top_k);
   mj_buf_printf(b,
-                "static constexpr int kRouteRule = %d; // 0 softmax_topk, 1 sigmoid_grouped_topk\n"
-                "static constexpr bool kRenormalize = %s;\n"
-                "static constexpr int kNumGroups = %d;\nstatic constexpr int kTopkGroup = %d;\n"
-                "static constexpr float kScalingFactor = %s;\n",
+                "enum : int { kRouteRule = %d }; // 0 softmax_topk, 1 sigmoid_grouped_topk\n"
+                "enum : bool { kRenormalize = %s };\n"
+                "enum : int { kNumGroups = %d, kTopkGroup = %d };\n"
+                "__device__ __forceinline__ constexpr float mj_scaling_factor() { return %s; }\n",
                 (int)s->routing.rule, s->routing.renormalize ? "true" : "false", s->routing.n_group,
                 s->routing.topk_group, scale);
-  mj_buf_printf(b,
-                "static constexpr int kBlockThreads = %d;\nstatic constexpr int kGemmTileM = %d;\n",
+  mj_buf_printf(b, "enum : int { kBlockThreads = %d, kGemmTileM = %d };\n",
                 family_block_threads(s, family), s->gemm1.tile_m);
   emit_gemm_constants(b, family_gemm(s, family));
   mj_buf_printf(

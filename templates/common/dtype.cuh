@@ -21,14 +21,14 @@ struct mj_dtype;
 
 template <>
 struct mj_dtype<float> {
-  static constexpr int kBytes = 4;
+  enum : int { kBytes = 4 };
   __device__ static float to_float(unsigned bits) { return __uint_as_float(bits); }
   __device__ static unsigned from_float(float v) { return __float_as_uint(v); }
 };
 
 template <>
 struct mj_dtype<__nv_bfloat16> {
-  static constexpr int kBytes = 2;
+  enum : int { kBytes = 2 };
   // bf16 is the top half of an fp32: widening is a shift, exact.
   __device__ static float to_float(unsigned bits) { return __uint_as_float(bits << 16); }
   // Round to nearest even (NaN stays NaN).
@@ -39,7 +39,7 @@ struct mj_dtype<__nv_bfloat16> {
 
 template <>
 struct mj_dtype<__half> {
-  static constexpr int kBytes = 2;
+  enum : int { kBytes = 2 };
   __device__ static float to_float(unsigned bits) {
     return __half2float(__ushort_as_half((unsigned short)bits));
   }
@@ -70,10 +70,10 @@ struct mj_raw<16> {
 // takes one word).
 template <typename T, int N>
 struct mj_words {
-  static constexpr int kBytes = N * mj_dtype<T>::kBytes;
-  static constexpr int kCount = kBytes < 4 ? 1 : kBytes / 4;
+  enum : int { kBytes = N * mj_dtype<T>::kBytes };
+  enum : int { kCount = kBytes < 4 ? 1 : kBytes / 4 };
   // The widest access that divides the vector: 16, 8, 4 (or 2) bytes.
-  static constexpr int kAccess = mj_pow2_divisor(kBytes, 16);
+  enum : int { kAccess = mj_pow2_divisor(kBytes, 16) };
 };
 
 // Loads the raw words of N elements at p, which must be aligned to

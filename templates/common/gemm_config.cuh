@@ -6,13 +6,28 @@
 #ifndef MOEJIT_COMMON_GEMM_CONFIG_CUH
 #define MOEJIT_COMMON_GEMM_CONFIG_CUH
 
-template <typename A, typename B> struct mj_same_type { static constexpr bool value = false; };
-template <typename A> struct mj_same_type<A, A> { static constexpr bool value = true; };
+template <typename A, typename B>
+struct mj_same_type {
+  enum : bool { value = false };
+};
+template <typename A>
+struct mj_same_type<A, A> {
+  enum : bool { value = true };
+};
 
 // True for the element types mma.sync m16n8k16 takes (fp16, bf16).
-template <typename T> struct mj_is_mma_type { static constexpr bool value = false; };
-template <> struct mj_is_mma_type<__half> { static constexpr bool value = true; };
-template <> struct mj_is_mma_type<__nv_bfloat16> { static constexpr bool value = true; };
+template <typename T>
+struct mj_is_mma_type {
+  enum : bool { value = false };
+};
+template <>
+struct mj_is_mma_type<__half> {
+  enum : bool { value = true };
+};
+template <>
+struct mj_is_mma_type<__nv_bfloat16> {
+  enum : bool { value = true };
+};
 
 // warps = m * n * k: m warps down the tile's rows, n across its columns
 // (both in 16-row / 16-column units), and k warps splitting each k-tile's
@@ -43,21 +58,24 @@ __host__ __device__ constexpr mj_warp_layout mj_gemm_warp_layout(int tile_m, int
 }
 
 template <int TM, int TN, int TK, int STAGES, int WARPS> struct mj_gemm_shape {
-  static constexpr int kTM = TM, kTN = TN, kTK = TK, kStages = STAGES, kWarps = WARPS;
-  static constexpr int kThreads = WARPS * 32;
-  static constexpr mj_warp_layout kLayout = mj_gemm_warp_layout(TM, TN, WARPS);
-  static constexpr int kWarpsM = kLayout.m, kWarpsN = kLayout.n, kWarpsK = kLayout.k;
-  static constexpr int kWarpsMN = kWarpsM * kWarpsN;
-  static constexpr int kWarpTM = TM / kWarpsM, kWarpTN = TN / kWarpsN; // one warp's tile
-  static constexpr int kMi = kWarpTM / 16, kNi = kWarpTN / 8;           // m16 x n8 mma tiles
-  static constexpr int kSteps = TK / 16;                                // k16 steps per k-tile
+  enum : int { kTM = TM, kTN = TN, kTK = TK, kStages = STAGES, kWarps = WARPS };
+  enum : int { kThreads = WARPS * 32 };
+  enum : int {
+    kWarpsM = mj_gemm_warp_layout(TM, TN, WARPS).m,
+    kWarpsN = mj_gemm_warp_layout(TM, TN, WARPS).n,
+    kWarpsK = mj_gemm_warp_layout(TM, TN, WARPS).k
+  };
+  enum : int { kWarpsMN = kWarpsM * kWarpsN };
+  enum : int { kWarpTM = TM / kWarpsM, kWarpTN = TN / kWarpsN };  // one warp's tile
+  enum : int { kMi = kWarpTM / 16, kNi = kWarpTN / 8 };           // m16 x n8 mma tiles
+  enum : int { kSteps = TK / 16 };                                // k16 steps per k-tile
   // A shared-memory row holds TK elements = kChunks 16-byte chunks.
-  static constexpr int kChunks = TK / 8;
-  static constexpr int kStageBytesA = TM * TK * 2, kStageBytesB = TN * TK * 2;
-  static constexpr int kPipeBytes = STAGES * (kStageBytesA + kStageBytesB);
+  enum : int { kChunks = TK / 8 };
+  enum : int { kStageBytesA = TM * TK * 2, kStageBytesB = TN * TK * 2 };
+  enum : int { kPipeBytes = STAGES * (kStageBytesA + kStageBytesB) };
   // Partial sums of the k-split warps (kWarpsK - 1 of them) for the whole tile.
-  static constexpr int kReduceBytes = (kWarpsK - 1) * TM * TN * 4;
-  static constexpr int kSmemBytes = kPipeBytes > kReduceBytes ? kPipeBytes : kReduceBytes;
+  enum : int { kReduceBytes = (kWarpsK - 1) * TM * TN * 4 };
+  enum : int { kSmemBytes = kPipeBytes > kReduceBytes ? kPipeBytes : kReduceBytes };
 
   static_assert(TM % 16 == 0 && TN % 16 == 0 && TK % 16 == 0, "tiles are multiples of 16");
   static_assert(kWarpsM * kWarpsN * kWarpsK == WARPS, "warp layout must use every warp");

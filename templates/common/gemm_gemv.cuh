@@ -23,14 +23,16 @@
 #include "common/warp.cuh"
 
 // The dtypes and shapes the path takes (src/ops: mj_gemm_gemv_blocker).
-static constexpr bool kGemvOk = mj_same_type<act_t, weight_t>::value && mj_is_mma_type<act_t>::value &&
-                                kHidden % 8 == 0 && kExpertWidth % 8 == 0;
+enum : bool {
+  kGemvOk = mj_same_type<act_t, weight_t>::value && mj_is_mma_type<act_t>::value &&
+            kHidden % 8 == 0 && kExpertWidth % 8 == 0
+};
 
-static constexpr int kGemvWarps = 8;
-static constexpr int kGemvThreads = kGemvWarps * 32;
-static constexpr int kGemvPassRows = 8; // rows of one expert per pass over its weights
-static constexpr int kGemv1Cols = 2;    // GEMM 1: h columns per unit (gate + up rows: 4)
-static constexpr int kGemv2Cols = 4;    // GEMM 2: y columns per unit (W2 rows: 4)
+enum : int { kGemvWarps = 8 };
+enum : int { kGemvThreads = kGemvWarps * 32 };
+enum : int { kGemvPassRows = 8 };  // rows of one expert per pass over its weights
+enum : int { kGemv1Cols = 2 };     // GEMM 1: h columns per unit (gate + up rows: 4)
+enum : int { kGemv2Cols = 4 };     // GEMM 2: y columns per unit (W2 rows: 4)
 
 // 16 weight bytes, read once: not allocated in L1, which keeps the rows.
 __device__ __forceinline__ uint4 mj_ld_stream(const void *p) {

@@ -77,9 +77,9 @@ template <class S> __device__ __forceinline__ unsigned mj_tile_offset(int row, i
 // once. kRowStep is a multiple of the swizzle period (8 rows), hence the
 // swizzled column is the same for all j.
 template <class S, int ROWS, int K> struct mj_tile_loader {
-  static constexpr int kTotal = ROWS * S::kChunks;
-  static constexpr int kPerThread = (kTotal + S::kThreads - 1) / S::kThreads;
-  static constexpr int kRowStep = S::kThreads / S::kChunks;
+  enum : int { kTotal = ROWS * S::kChunks };
+  enum : int { kPerThread = (kTotal + S::kThreads - 1) / S::kThreads };
+  enum : int { kRowStep = S::kThreads / S::kChunks };
   static_assert(kRowStep % 8 == 0, "a thread's rows must share one swizzle phase");
 
   int row_elems[kPerThread]; // element offset of the row in the operand

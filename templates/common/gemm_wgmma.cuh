@@ -28,7 +28,7 @@ struct alignas(64) mj_tmap {
 
 // Dynamic shared memory the pipeline may take: the H100 opt-in limit (227
 // KiB) less 1 KiB for static shared memory.
-static constexpr int kWgSmemBudget = 232448 - 1024;
+enum : int { kWgSmemBudget = 232448 - 1024 };
 
 // Stages: the spec's bytes of K in flight (stages * tile_k) in 64-wide
 // k-tiles, 2..16, fewer when they would not fit the budget beside `extra`
@@ -52,25 +52,25 @@ __host__ __device__ constexpr int mj_wg_table_bytes(int experts) {
 // while the other multiplies. K-tiles are 64 elements: one 128-byte swizzle
 // atom per row.
 template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0> struct mj_wg_shape {
-  static constexpr int kTM = TM < 64 ? 64 : TM;
-  static constexpr bool kPingPong = PP != 0;
-  static constexpr int kConsumers = PP || kTM >= 128 ? 2 : 1;
-  static constexpr int kWgRows = PP ? kTM : kTM / kConsumers; // rows per consumer warpgroup
-  static constexpr int kMB = kWgRows / 64;         // m64 blocks per consumer
-  static constexpr int kTN = TN;                   // B rows (gemm1: gate + up)
-  static constexpr int kTK = 64;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kStageA = kTM * 128, kStageB = kTN * 128;
-  static constexpr int kStageBytes = kStageA + kStageB;
+  enum : int { kTM = TM < 64 ? 64 : TM };
+  enum : bool { kPingPong = PP != 0 };
+  enum : int { kConsumers = PP || kTM >= 128 ? 2 : 1 };
+  enum : int { kWgRows = PP ? kTM : kTM / kConsumers };  // rows per consumer warpgroup
+  enum : int { kMB = kWgRows / 64 };                     // m64 blocks per consumer
+  enum : int { kTN = TN };                               // B rows (gemm1: gate + up)
+  enum : int { kTK = 64 };
+  enum : int { kThreads = 128 * (1 + kConsumers) };
+  enum : int { kStageA = kTM * 128, kStageB = kTN * 128 };
+  enum : int { kStageBytes = kStageA + kStageB };
   // the tile table, after (ping-pong) the two warpgroups' order barriers
-  static constexpr int kTableBytes = mj_wg_table_bytes(EXPERTS) + (PP ? 16 : 0);
-  static constexpr int kStages = mj_wg_stages(STAGES * TK / 64, kStageBytes, kTableBytes);
+  enum : int { kTableBytes = mj_wg_table_bytes(EXPERTS) + (PP ? 16 : 0) };
+  enum : int { kStages = mj_wg_stages(STAGES * TK / 64, kStageBytes, kTableBytes) };
   // +1024: the tiles start at the next 1024-byte boundary (swizzle atoms);
   // 16 bytes per stage: its full and empty mbarriers; then the tile table.
-  static constexpr int kSmemBytes = 1024 + kStages * (kStageBytes + 16) + kTableBytes;
-  static constexpr int kAcc = kTN / 2; // fp32 accumulators per thread per m64 block
+  enum : int { kSmemBytes = 1024 + kStages * (kStageBytes + 16) + kTableBytes };
+  enum : int { kAcc = kTN / 2 };  // fp32 accumulators per thread per m64 block
   // The register budget: at most 128 accumulators per consumer thread.
-  static constexpr bool kFits = kMB * kTN <= 256 && kTN >= 32 && kTN <= 256 && kTN % 32 == 0;
+  enum : bool { kFits = kMB * kTN <= 256 && kTN >= 32 && kTN <= 256 && kTN % 32 == 0 };
 
   // Tile row of accumulator pair `half` (0, 1) of m64 block mb of consumer c
   // (the m64nNk16 accumulator layout: thread
@@ -92,10 +92,10 @@ template <int EXPERTS> using mj_wg_narrow = mj_wg_shape<64, 128, 64, 8, EXPERTS>
 // __mj_wg_cluster_dims__, named like an attribute so that codegen's entry
 // scan reads it as one.
 #if MJ_WGMMA_AVAILABLE && MJ_CLUSTER_M == 2
-static constexpr int kWgCluster = 2;
+enum : int { kWgCluster = 2 };
 #define __mj_wg_cluster_dims__(unused) __cluster_dims__(2, 1, 1)
 #else
-static constexpr int kWgCluster = 1;
+enum : int { kWgCluster = 1 };
 #define __mj_wg_cluster_dims__(unused)
 #endif
 
@@ -254,7 +254,7 @@ template <class S> struct mj_wg_smem {
 // weight tiles), raster 1 the n-tiles (they share activation tiles). Both
 // keep what runs at once inside a few experts' weights and a few hundred
 // activation rows, which L2 holds.
-static constexpr int kWgGroupM = 8;
+enum : int { kWgGroupM = 8 };
 
 // Fills table[0..E] from the expert offsets (clamped, as mj_gemm_find_tile
 // reads them). Called by one whole warp; the block syncs before reading it.
@@ -411,7 +411,7 @@ __device__ __forceinline__ void mj_cp_async_arrive(unsigned bar) {
 // values as loaded (-1 past the tile's rows), not yet used, so the loads
 // stay in flight until the tile starts.
 template <class S> struct mj_wg_gather_rows {
-  static constexpr int kRows = S::kTM / 16;
+  enum : int { kRows = S::kTM / 16 };
   int index[kRows];
 };
 

@@ -16,13 +16,13 @@
 // reductions below are xor butterflies that never leave the group), and each
 // lane holds kSlots consecutive experts of its group. Expert order is then
 // (lane, slot) order: "lowest lane, then lowest slot" is "lowest expert".
-static constexpr int kGroups = kRouteRule == 1 ? kNumGroups : 1;
-static constexpr int kGroupSize = kExperts / kGroups;
-static constexpr int kLanesPerGroup = mj_pow2_floor(32 / kGroups);
-static constexpr int kSlots = (kGroupSize + kLanesPerGroup - 1) / kLanesPerGroup;
+enum : int { kGroups = kRouteRule == 1 ? kNumGroups : 1 };
+enum : int { kGroupSize = kExperts / kGroups };
+enum : int { kLanesPerGroup = mj_pow2_floor(32 / kGroups) };
+enum : int { kSlots = (kGroupSize + kLanesPerGroup - 1) / kLanesPerGroup };
 // Every lane that holds experts holds kSlots of them: the row can be loaded
 // with vectors (aligned, since group and lane starts are kSlots multiples).
-static constexpr bool kFullSlots = kGroupSize % kSlots == 0;
+enum : bool { kFullSlots = kGroupSize % kSlots == 0 };
 
 static_assert(kRouteRule == 0 || kRouteRule == 1, "unknown routing rule");
 static_assert(kGroups >= 1 && kGroups <= 32 && kExperts % kGroups == 0,
@@ -168,7 +168,7 @@ __device__ __forceinline__ void route_softmax(const logits_t *__restrict__ row, 
     for (int s = 0; s < kSlots; ++s) e_all[s] = s < le.count ? shifted_exp(x[s], max) : 0.0f;
     denom = mj_warp_sum(pairwise_sum(e_all));
   }
-  weight = e / denom * kScalingFactor;
+  weight = e / denom * mj_scaling_factor();
 }
 
 // --- sigmoid + bias, grouped top-k (DeepSeek-V3) ----------------------------
@@ -234,7 +234,7 @@ __device__ __forceinline__ void route_sigmoid(const logits_t *__restrict__ row,
   // through every round.
   const float score = lane < kTopK ? sigmoid(mj_load_float(row + pick_expert)) : 0.0f;
   // 1e-20 keeps a row of zero scores (all logits -inf) at weight 0, not NaN.
-  weight = (kRenormalize ? score / (mj_warp_sum(score) + 1e-20f) : score) * kScalingFactor;
+  weight = (kRenormalize ? score / (mj_warp_sum(score) + 1e-20f) : score) * mj_scaling_factor();
 }
 
 // The rule fixed at JIT time (kRouteRule) on one token's row: lane j < k

@@ -12,10 +12,10 @@
 template <typename T>
 struct mj_row_tiling {
   // Elements per vector: the most that fit 16 bytes and divide kHidden.
-  static constexpr int kVecElems = mj_pow2_divisor(kHidden, 16 / mj_dtype<T>::kBytes);
-  static constexpr int kVecs = kHidden / kVecElems;  // vectors per row
-  static constexpr int kWanted = 4 * kBlockThreads / kVecs;
-  static constexpr int kTokens = kWanted < 1 ? 1 : (kWanted > 32 ? 32 : kWanted);
+  enum : int { kVecElems = mj_pow2_divisor(kHidden, 16 / mj_dtype<T>::kBytes) };
+  enum : int { kVecs = kHidden / kVecElems };  // vectors per row
+  enum : int { kWanted = 4 * kBlockThreads / kVecs };
+  enum : int { kTokens = kWanted < 1 ? 1 : (kWanted > 32 ? 32 : kWanted) };
 };
 
 #endif

@@ -89,16 +89,14 @@ Test(codegen, prelude_holds_every_constant) {
     cr_assert(strstr(src, want), "missing '%s' in:\n%.2000s", want, src); \
   } while (0)
     HAS("#define MOEJIT_ARCH_SM %d\n", sms[round % 3]);
-    HAS("static constexpr int kHidden = %lld;", (long long)s.hidden);
-    HAS("static constexpr int kExpertWidth = %lld;", (long long)s.expert_width);
-    HAS("static constexpr int kExperts = %d;", s.experts);
-    HAS("static constexpr int kTopK = %d;", s.top_k);
-    HAS("static constexpr int kRouteRule = %d;", (int)s.routing.rule);
-    HAS("static constexpr bool kRenormalize = %s;", s.routing.renormalize ? "true" : "false");
-    HAS("static constexpr int kNumGroups = %d;", s.routing.n_group);
-    HAS("static constexpr int kTopkGroup = %d;", s.routing.topk_group);
-    HAS("static constexpr int kBlockThreads = %d;", s.align.block_threads);
-    HAS("static constexpr int kGemmTileM = %d;", s.gemm1.tile_m);
+    HAS("enum : int { kHidden = %lld, kExpertWidth = %lld, kExperts = %d, kTopK = %d };",
+        (long long)s.hidden, (long long)s.expert_width, s.experts, s.top_k);
+    HAS("enum : int { kRouteRule = %d };", (int)s.routing.rule);
+    HAS("enum : bool { kRenormalize = %s };", s.routing.renormalize ? "true" : "false");
+    HAS("enum : int { kNumGroups = %d, kTopkGroup = %d };", s.routing.n_group,
+        s.routing.topk_group);
+    HAS("enum : int { kBlockThreads = %d, kGemmTileM = %d };", s.align.block_threads,
+        s.gemm1.tile_m);
     HAS("typedef %s act_t;", ctype[s.act_dtype]);
     HAS("typedef %s weight_t;", ctype[s.weight_dtype]);
     HAS("typedef %s logits_t;", ctype[s.logits_dtype]);
@@ -107,9 +105,9 @@ Test(codegen, prelude_holds_every_constant) {
     HAS("kernel 'align' for %s", arch);
     HAS("moejit %s", moejit_version_string());
     /* The scaling factor round-trips through its literal. */
-    const char *lit = strstr(src, "kScalingFactor = ");
+    const char *lit = strstr(src, "mj_scaling_factor() { return ");
     cr_assert_not_null(lit);
-    cr_assert_eq(strtof(lit + 17, NULL), s.routing.scaling_factor);
+    cr_assert_eq(strtof(lit + 29, NULL), s.routing.scaling_factor);
 #undef HAS
     mj_kernel_source_free(&ks);
   }
@@ -127,7 +125,7 @@ Test(codegen, block_threads_follow_the_family) { /* a GEMM block is its warps */
   for (int i = 0; i < 5; i++) {
     mj_kernel_source ks = gen_ok(&s, fam[i], "sm_90a", GOOD);
     char line[80];
-    snprintf(line, sizeof line, "static constexpr int kBlockThreads = %d;", want[i]);
+    snprintf(line, sizeof line, "enum : int { kBlockThreads = %d,", want[i]);
     cr_assert(strstr(ks.source, line), "%s lacks %s", fam[i], line);
     mj_kernel_source_free(&ks);
   }
@@ -145,10 +143,8 @@ Test(codegen, gemm_families_get_their_own_tile) {
     const moejit_gemm_cfg *g = cfg[i];
     char want[512];
     snprintf(want, sizeof want,
-             "static constexpr int kTileM = %d;\nstatic constexpr int kTileN = %d;\n"
-             "static constexpr int kTileK = %d;\nstatic constexpr int kStages = %d;\n"
-             "static constexpr int kWarps = %d;\nstatic constexpr int kClusterM = %d;\n"
-             "static constexpr int kClusterN = %d;\nstatic constexpr int kRaster = %d;",
+             "enum : int { kTileM = %d, kTileN = %d, kTileK = %d, kStages = %d, kWarps = %d };\n"
+             "enum : int { kClusterM = %d, kClusterN = %d };\nenum : int { kRaster = %d };",
              g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps, g->cluster_m, g->cluster_n,
              (int)g->raster);
     cr_assert(strstr(ks.source, want), "gemm%d lacks\n%s\nin\n%.1500s", i + 1, want, ks.source);
@@ -165,15 +161,15 @@ Test(codegen, scaling_factor_is_always_a_float_literal) {
   ts_rng r = ts_rng_fresh("scaling");
   cs_random_spec(&r, &s);
   const float values[] = {1.0f, 2.5f, 0.1f, 1000.0f, 1e-7f};
-  const char *want[] = {"= 1.0f;", "= 2.5f;", "= 0.100000001f;", "= 1000.0f;",
-                        "= 1.00000001e-07f;"};
+  const char *want[] = {"return 1.0f;", "return 2.5f;", "return 0.100000001f;", "return 1000.0f;",
+                        "return 1.00000001e-07f;"};
   for (int i = 0; i < 5; i++) {
     s.routing.scaling_factor = values[i];
     mj_kernel_source ks = gen_ok(&s, "route", "sm_90a", GOOD);
-    char *line = strstr(ks.source, "kScalingFactor ");
+    char *line = strstr(ks.source, "mj_scaling_factor() { ");
     cr_assert_not_null(line);
-    cr_assert(strncmp(strchr(line, '='), want[i], strlen(want[i])) == 0, "got %.40s, want %s", line,
-              want[i]);
+    cr_assert(strncmp(strstr(line, "return"), want[i], strlen(want[i])) == 0, "got %.50s, want %s",
+              line, want[i]);
     mj_kernel_source_free(&ks);
   }
 }

@@ -224,6 +224,34 @@ Test(compile, lineinfo_is_off_by_default_and_only_adds_debug_sections) {
   mj_kernel_source_free(&ks);
 }
 
+/* The shipped templates keep their constants out of the module: NVRTC gives
+ * every namespace- or class-scope variable (a `static constexpr` one too,
+ * even unused) storage in .nv.global.init, and the driver pays for each
+ * such symbol at every module load (docs/codegen.md, "Constants"). Every
+ * family of a random spec, the embedded templates, sm_90a. */
+Test(compile, shipped_templates_give_modules_without_globals, .timeout = 300) {
+  moejit_spec s = random_spec("no_globals");
+  const char *families[] = {"route", "align", "gemm1", "gemm2", "combine", "ep"};
+  for (size_t f = 0; f < MJ_ARRAY_LEN(families); f++) {
+    mj_kernel_source ks;
+    cr_assert_eq(mj_codegen(&s, families[f], "sm_90a", NULL, &ks), MOEJIT_OK, "%s",
+                 moejit_last_error());
+    const mj_compile_opts o = {.arch = "sm_90a"};
+    void *cubin = NULL;
+    size_t len = 0, n = 0;
+    cr_assert_eq(mj_nvrtc_compile(&ks, &o, NULL, NULL, &cubin, &len), MOEJIT_OK, "%s: %s",
+                 families[f], moejit_last_error());
+    cr_expect_null(elf_section(cubin, len, ".nv.global.init", &n),
+                   "%s: %zu bytes of initialized globals (a static constexpr at namespace or "
+                   "class scope?)",
+                   families[f], n);
+    cr_expect_null(elf_section(cubin, len, ".nv.global", &n), "%s: %zu bytes of globals",
+                   families[f], n);
+    free(cubin);
+    mj_kernel_source_free(&ks);
+  }
+}
+
 /* A module of some entries (mj_codegen_entries) holds exactly those, with
  * the SASS the full module has for them: the layer's GEMM modules run the
  * code the GEMM tests check. For each GEMM family: the first entries of a

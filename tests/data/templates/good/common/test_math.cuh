@@ -7,4 +7,6 @@ __device__ __forceinline__ float to_f32(T v) {
   return static_cast<float>(v);
 }
 
-__device__ __forceinline__ float scaled(float w) { return w * kScalingFactor; }
+__device__ __forceinline__ float scaled(float w) {
+  return w * mj_scaling_factor();
+}
