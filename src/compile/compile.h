@@ -44,6 +44,13 @@ moejit_status mj_compiler_get_cubin_entries(moejit_compiler *c, const moejit_spe
                                             const mj_entry_set *only, const void **cubin,
                                             size_t *len, char key[33], int *cache_hit);
 
+/* How many sources the compiler has generated (each request not answered
+ * by its memo of earlier requests generates one; for tests). */
+long mj_compiler_generated(const moejit_compiler *c);
+/* 1 where the compiler answers repeated requests from its memo (embedded
+ * templates: no template directory in its options or $MOEJIT_TEMPLATE_DIR). */
+int mj_compiler_memoizes(const moejit_compiler *c);
+
 /* mj_codegen with the compiler's template directory (out->entries lists the
  * kernel's entry points). Release with mj_kernel_source_free. */
 moejit_status mj_compiler_generate(moejit_compiler *c, const moejit_spec *spec, const char *family,

@@ -2,6 +2,7 @@
  * cache -> NVRTC -> store, for every kernel family x arch of a spec, on a
  * thread pool. Thread-safe: the map and the open caches sit under a mutex. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,9 @@
 #include "common/common.h"
 #include "compile/compile.h"
 #include "config/config.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #define MJ_MEM_BUCKETS 256
 
@@ -21,6 +25,18 @@ typedef struct mem_entry {
   size_t len;
   struct mem_entry *next;
 } mem_entry;
+
+/* A request already answered: (canonical spec, family, arch, entry set) ->
+ * cache key, for the embedded templates only (they cannot change while the
+ * process runs; files in a template directory can). A repeated request (a
+ * model load resolves each module once to compile it and again for each
+ * entry it looks up; a tuning sweep revisits its variants) then finds its
+ * cubin in the memory map without generating and hashing the source. */
+typedef struct src_memo {
+  XXH128_hash_t id;
+  char key[33];
+  struct src_memo *next;
+} src_memo;
 
 /* An opened disk cache, one per distinct (directory, size limit). */
 typedef struct cache_slot {
@@ -38,6 +54,8 @@ struct moejit_compiler {
   cache_slot *slots;
   int n_slots;
   mem_entry *mem[MJ_MEM_BUCKETS];
+  src_memo *memo[MJ_MEM_BUCKETS];
+  atomic_long generated; /* sources generated (mj_compiler_generated) */
 };
 
 /* Where one request's cubins live on disk ("" dir: no disk cache). */
@@ -95,6 +113,10 @@ void moejit_compiler_destroy(moejit_compiler *c) {
       free(e->cubin);
       free(e);
     }
+    for (src_memo *m = c->memo[i], *next; m; m = next) {
+      next = m->next;
+      free(m);
+    }
   }
   for (int i = 0; i < c->n_slots; i++) mj_cache_close(c->slots[i].cache);
   free(c->slots);
@@ -142,6 +164,65 @@ static const mem_entry *mem_lookup(moejit_compiler *c, const char *key) {
   const mem_entry *e = mem_find(c, key);
   pthread_mutex_unlock(&c->lock);
   return e;
+}
+
+int mj_compiler_memoizes(const moejit_compiler *c) {
+  const char *env = getenv("MOEJIT_TEMPLATE_DIR");
+  return !c->template_dir && !(env && *env);
+}
+
+/* The memo's id of a request; 0 where the memo does not apply. */
+static int memo_id(const moejit_compiler *c, const moejit_spec *spec, const char *family,
+                   const char *arch, const mj_entry_set *only, XXH128_hash_t *id) {
+  if (!mj_compiler_memoizes(c)) return 0;
+  moejit_spec canon;
+  mj_spec_canonical(spec, &canon);
+  XXH3_state_t st;
+  XXH3_128bits_reset(&st);
+  XXH3_128bits_update(&st, &canon, sizeof canon);
+  XXH3_128bits_update(&st, family, strlen(family) + 1);
+  XXH3_128bits_update(&st, arch, strlen(arch) + 1);
+  for (int i = 0; only && i < only->n; i++)
+    XXH3_128bits_update(&st, only->name[i], strlen(only->name[i]) + 1);
+  *id = XXH3_128bits_digest(&st);
+  return 1;
+}
+
+static unsigned memo_bucket(XXH128_hash_t id) {
+  return (unsigned)(id.low64 % MJ_MEM_BUCKETS);
+}
+
+/* The memory-map entry of a memoized request (its key into key), or NULL. */
+static const mem_entry *memo_lookup(moejit_compiler *c, XXH128_hash_t id, char key[33]) {
+  const mem_entry *e = NULL;
+  pthread_mutex_lock(&c->lock);
+  for (const src_memo *m = c->memo[memo_bucket(id)]; m && !e; m = m->next)
+    if (XXH128_isEqual(m->id, id) && (e = mem_find(c, m->key))) memcpy(key, m->key, 33);
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+/* Remembers a request's key; out of memory only loses the shortcut. */
+static void memo_insert(moejit_compiler *c, XXH128_hash_t id, const char *key) {
+  src_memo *m = calloc(1, sizeof *m);
+  if (!m) return;
+  m->id = id;
+  memcpy(m->key, key, 33);
+  pthread_mutex_lock(&c->lock);
+  int present = 0;
+  for (const src_memo *o = c->memo[memo_bucket(id)]; o && !present; o = o->next)
+    present = XXH128_isEqual(o->id, id);
+  if (!present) {
+    m->next = c->memo[memo_bucket(id)];
+    c->memo[memo_bucket(id)] = m;
+    m = NULL;
+  }
+  pthread_mutex_unlock(&c->lock);
+  free(m);
+}
+
+long mj_compiler_generated(const moejit_compiler *c) {
+  return atomic_load(&c->generated);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -330,18 +411,28 @@ static moejit_status build_kernel(moejit_compiler *c, const moejit_spec *spec,
   mj_strlcpy(r->kernel, job->family, sizeof r->kernel);
   mj_strlcpy(r->arch, job->arch, sizeof r->arch);
   if (cc->warning[0]) add_warning(r, cc->warning);
+  const int emit = c->emit_dir != NULL;
+  XXH128_hash_t id;
+  const int memo =
+      !(force_emit && emit) && memo_id(c, spec, job->family, job->arch, job->only, &id);
+  if (memo && (job->entry = memo_lookup(c, id, r->key))) {
+    r->cache_hit = 1;
+    r->cubin_bytes = job->entry->len;
+    return MOEJIT_OK;
+  }
   mj_kernel_source ks;
   moejit_status s =
       mj_codegen_entries(spec, job->family, job->arch, c->template_dir, job->only, &ks);
   if (s) return s;
+  atomic_fetch_add(&c->generated, 1);
   kernel_key(c, &ks, r->key);
-  int emit = c->emit_dir != NULL;
   if (!(force_emit && emit) && lookup_cached(c, r->key, cc, job)) {
     r->cache_hit = 1;
   } else {
     s = compile_fresh(c, spec, &ks, r->key, emit, cc, job);
   }
   if (!s) r->cubin_bytes = job->entry->len;
+  if (!s && memo) memo_insert(c, id, r->key);
   mj_kernel_source_free(&ks);
   return s;
 }

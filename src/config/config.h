@@ -12,6 +12,10 @@
  * "qwen3-30b-a3b d=2048 f=768 E=128 k=8 softmax bf16". */
 void mj_spec_summary(const moejit_spec *spec, char *buf, size_t cap);
 
+/* A copy of `in` whose bytes without meaning (after a string's NUL,
+ * padding) are zero: equal specs compare (and hash) equal byte for byte. */
+void mj_spec_canonical(const moejit_spec *in, moejit_spec *out);
+
 /* Arch strings: "sm_80", "sm_90a", ... Returns the numeric compute
  * capability (80, 90) and whether the 'a' suffix is present; 0 if the text
  * is not an arch name. "auto" returns 0. */

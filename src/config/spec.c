@@ -1,6 +1,7 @@
 /* The spec as plain data: defaults, dtype names, the field table (paths,
  * allowed values, int access) shared by the checker and the YAML loader. */
 #include <ctype.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -321,4 +322,20 @@ void mj_spec_set_int(moejit_spec *s, mj_field f, int64_t v) {
     default:
       break;
   }
+}
+
+/* Bytes that do not carry meaning (after a string's NUL, struct padding)
+ * are zeroed so that equal specs filled in different ways still meet. */
+static void zero_tail(char *s, size_t cap) {
+  size_t n = strnlen(s, cap);
+  if (n < cap) memset(s + n, 0, cap - n);
+}
+
+void mj_spec_canonical(const moejit_spec *in, moejit_spec *out) {
+  memcpy(out, in, sizeof *out);
+  zero_tail(out->name, sizeof out->name);
+  for (int i = 0; i < MOEJIT_MAX_ARCHS; i++) zero_tail(out->archs[i], sizeof out->archs[i]);
+  zero_tail(out->cache_dir, sizeof out->cache_dir);
+  size_t gap_start = offsetof(moejit_spec, cache_dir) + sizeof out->cache_dir;
+  memset((char *)out + gap_start, 0, offsetof(moejit_spec, cache_max_bytes) - gap_start);
 }

@@ -250,8 +250,7 @@ static const mj_entry_set *group_set(const group_list *gl, const char *family,
   return i < 0 ? NULL : &gl->g[i].set;
 }
 
-/* Worker: code generation and the cache key run here, in parallel; module
- * loads serialize on the ctx. */
+/* One lookup of the plan (warm_all). */
 static void warm_one(size_t i, void *arg) {
   warm_list *w = arg;
   warm_job *j = &w->jobs[i];
@@ -316,9 +315,13 @@ static moejit_status load_plan_make(moejit_model *m, const char *arch, unsigned 
   return st;
 }
 
+/* Every lookup of the plan, after the compile step built each module: with
+ * the compiler's memo a lookup is a module load (which serializes on the
+ * ctx) or less, so one thread does them all; without it (a template
+ * directory) each regenerates its module's source, in parallel. */
 static moejit_status warm_all(load_plan *p) {
   warm_list *w = &p->w;
-  mj_parallel_for(w->n, 0, warm_one, w);
+  mj_parallel_for(w->n, mj_compiler_memoizes(moejit_ctx_compiler(w->m->ctx)) ? 1 : 0, warm_one, w);
   for (size_t i = 0; i < w->n; i++)
     if (w->jobs[i].status)
       return mj_fail(w->jobs[i].status, "moejit_model_load: %s: %s", w->jobs[i].what,

@@ -6,6 +6,7 @@
 
 #include "common/common.h"
 #include "compile/compile.h"
+#include "config/config.h"
 #include "runtime/runtime.h"
 #include "runtime/runtime_impl.h"
 
@@ -18,23 +19,6 @@ static int grow(void ***items, size_t n, size_t *cap) {
   *items = p;
   *cap = next;
   return 1;
-}
-
-/* The memo compares specs byte for byte; bytes that do not carry meaning
- * (after a string's NUL, struct padding) are zeroed so that equal specs
- * filled in different ways still meet. */
-static void zero_tail(char *s, size_t cap) {
-  size_t n = strnlen(s, cap);
-  if (n < cap) memset(s + n, 0, cap - n);
-}
-
-void mj_spec_canonical(const moejit_spec *in, moejit_spec *out) {
-  memcpy(out, in, sizeof *out);
-  zero_tail(out->name, sizeof out->name);
-  for (int i = 0; i < MOEJIT_MAX_ARCHS; i++) zero_tail(out->archs[i], sizeof out->archs[i]);
-  zero_tail(out->cache_dir, sizeof out->cache_dir);
-  size_t gap_start = offsetof(moejit_spec, cache_dir) + sizeof out->cache_dir;
-  memset((char *)out + gap_start, 0, offsetof(moejit_spec, cache_max_bytes) - gap_start);
 }
 
 static moejit_kernel *kernel_memo_find(moejit_ctx *ctx, const moejit_spec *spec, const char *family,

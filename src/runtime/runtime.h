@@ -52,9 +52,6 @@ struct mj_entry_set;
 moejit_status mj_ctx_get_function_from(moejit_ctx *ctx, const moejit_spec *spec, const char *family,
                                        const struct mj_entry_set *only, const char *entry,
                                        CUfunction *out);
-/* A copy of `in` whose bytes without meaning (after a string's NUL,
- * padding) are zero: equal specs compare equal with memcmp. */
-void mj_spec_canonical(const moejit_spec *in, moejit_spec *out);
 
 /* cuLaunchKernel through the driver table, raising the dynamic shared-
  * memory limit of `fn` first when smem_bytes > 48 KiB. Makes the context

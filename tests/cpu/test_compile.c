@@ -538,6 +538,73 @@ Test(compile, readonly_cache_still_compiles_in_memory) {
   free(cache);
 }
 
+/* With the embedded templates a request the compiler answered before (the
+ * same spec, byte noise aside, family, arch and entries) takes its cubin
+ * from memory without generating the source again; anything else that
+ * changes the source generates it. A template directory (files that may
+ * change) always generates. */
+Test(compile, repeated_requests_skip_code_generation, .timeout = 300) {
+  moejit_spec s = random_spec("memo");
+  moejit_compiler *c = new_compiler(NULL, NULL, NULL, 1);
+  const void *cubin[2] = {NULL, NULL};
+  size_t len = 0;
+  char key[2][33];
+  int hit = -1;
+  cr_assert_eq(mj_compiler_get_cubin(c, &s, "route", "sm_90a", &cubin[0], &len, key[0], &hit),
+               MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(hit, 0, "compiled now");
+  cr_assert_eq(mj_compiler_generated(c), 1);
+
+  moejit_spec noisy = s; /* equal, with bytes past the name's NUL set */
+  size_t used = strlen(noisy.name);
+  if (used + 2 < sizeof noisy.name) noisy.name[used + 1] = 'x';
+  cr_assert_eq(mj_compiler_get_cubin(c, &noisy, "route", "sm_90a", &cubin[1], &len, key[1], &hit),
+               MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect_eq(mj_compiler_generated(c), 1, "answered by the memo");
+  cr_expect_eq(hit, 1);
+  cr_expect_eq(cubin[1], cubin[0], "the same cubin");
+  cr_expect_str_eq(key[1], key[0]);
+
+  /* Another family, another entry set, another spec: new sources. */
+  mj_kernel_source full;
+  cr_assert_eq(mj_codegen(&s, "align", "sm_90a", NULL, &full), MOEJIT_OK, "%s",
+               moejit_last_error());
+  cr_assert_gt(full.n_entries, 1);
+  mj_entry_set one = {.n = 1, .name = {full.entries[0]}};
+  long want = 1;
+  const struct {
+    const moejit_spec *spec;
+    const char *family, *arch;
+    const mj_entry_set *only;
+  } other[] = {{&s, "align", "sm_90a", NULL}, {&s, "align", "sm_90a", &one}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(other); i++) {
+    cr_assert_eq(mj_compiler_get_cubin_entries(c, other[i].spec, other[i].family, other[i].arch,
+                                               other[i].only, &cubin[1], &len, key[1], &hit),
+                 MOEJIT_OK, "%s", moejit_last_error());
+    cr_expect_eq(mj_compiler_generated(c), ++want, "request %zu generates", i);
+    cr_assert_eq(mj_compiler_get_cubin_entries(c, other[i].spec, other[i].family, other[i].arch,
+                                               other[i].only, &cubin[0], &len, key[0], &hit),
+                 MOEJIT_OK, "%s", moejit_last_error());
+    cr_expect_eq(mj_compiler_generated(c), want, "request %zu again: the memo", i);
+    cr_expect_eq(cubin[0], cubin[1]);
+  }
+  moejit_spec renamed = s; /* the name is in the source's header */
+  snprintf(renamed.name, sizeof renamed.name, "memo_other");
+  cr_assert_eq(mj_compiler_get_cubin(c, &renamed, "route", "sm_90a", &cubin[1], &len, key[1], &hit),
+               MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect_eq(mj_compiler_generated(c), ++want, "another spec generates");
+  mj_kernel_source_free(&full);
+  moejit_compiler_destroy(c);
+
+  c = new_compiler(NULL, GOOD, NULL, 1);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mj_compiler_get_cubin(c, &s, "route", "sm_90a", &cubin[i], &len, key[i], &hit),
+                 MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect_eq(mj_compiler_generated(c), 2, "a template directory generates every time");
+  cr_expect_eq(cubin[0], cubin[1], "and finds the cubin in memory by its key");
+  moejit_compiler_destroy(c);
+}
+
 Test(compile, unusable_cache_dir_is_a_warning) {
   moejit_spec s = random_spec("unusable_cache");
   char *file = ts_write_file(tmp, "a-file", "not a directory\n");
