@@ -68,6 +68,7 @@ __device__ __forceinline__ void mj_gemm1_mma(const AT *__restrict__ a, const WT 
     if (!mj_gemm_find_tile<kTileM, kBlockThreads, kExperts, kRaster>(offsets, max_rows, kG1NTiles, &t))
       return;
     const int h_col0 = t.n_tile * kG1HalfN;
+    const bool keep = mj_keep_output<AT>(max_rows, kExpertWidth);
     mj_tile_loader<S, kTileM, kHidden> la;
     la.init(mj_a_rows<kHidden>{t.row_end - t.row0});
     mj_tile_loader<S, kTileN, kHidden> lb;
@@ -86,14 +87,15 @@ __device__ __forceinline__ void mj_gemm1_mma(const AT *__restrict__ a, const WT 
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = t.row0 + p.m0 + mi * 16 + mj_acc_row(p.lane, half);
-        mj_store_acc_row<AT, S::kNi / 2>(h + (long long)row * kExpertWidth, h_col0 + p.n0 / 2,
-                                         kExpertWidth, row < t.row_end,
-                                         [&](int q, float *v0, float *v1) {
-                                           const float *g = &acc[mi][2 * q][2 * half];
-                                           const float *u = &acc[mi][2 * q + 1][2 * half];
-                                           *v0 = mj_silu(g[0]) * u[0];
-                                           *v1 = mj_silu(g[1]) * u[1];
-                                         });
+        mj_store_acc_row<AT, S::kNi / 2>(
+            h + (long long)row * kExpertWidth, h_col0 + p.n0 / 2, kExpertWidth, row < t.row_end,
+            [&](int q, float *v0, float *v1) {
+              const float *g = &acc[mi][2 * q][2 * half];
+              const float *u = &acc[mi][2 * q + 1][2 * half];
+              *v0 = mj_silu(g[0]) * u[0];
+              *v1 = mj_silu(g[1]) * u[1];
+            },
+            keep);
       }
     }
   }
@@ -278,6 +280,7 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
     };
     const auto epi = [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
           const int h_col0 = t.n_tile * kHalf;
+          const bool keep = mj_keep_output<act_t>(max_rows, kExpertWidth);
 #pragma unroll
           for (int mb = 0; mb < S::kMB; ++mb) {
 #pragma unroll
@@ -285,12 +288,13 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
               const int row = t.row0 + S::row(c, mb, half);
               const float *g = &acc[mb][2 * half], *u = &acc[mb][4 * (kHalf / 8) + 2 * half];
               // rows at or past row_end: the next expert's, or past max_rows
-              mj_store_acc_row<act_t, kHalf / 8>(h + (long long)row * kExpertWidth, h_col0,
-                                                 kExpertWidth, row < t.row_end,
-                                                 [&](int i, float *v0, float *v1) {
-                                                   *v0 = mj_silu(g[4 * i]) * u[4 * i];
-                                                   *v1 = mj_silu(g[4 * i + 1]) * u[4 * i + 1];
-                                                 });
+              mj_store_acc_row<act_t, kHalf / 8>(
+                  h + (long long)row * kExpertWidth, h_col0, kExpertWidth, row < t.row_end,
+                  [&](int i, float *v0, float *v1) {
+                    *v0 = mj_silu(g[4 * i]) * u[4 * i];
+                    *v1 = mj_silu(g[4 * i + 1]) * u[4 * i + 1];
+                  },
+                  keep);
             }
           }
         };

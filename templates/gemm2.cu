@@ -52,6 +52,7 @@ __device__ __forceinline__ void mj_gemm2_mma(const AT *__restrict__ a, const WT 
     if (!mj_gemm_find_tile<kTileM, kBlockThreads, kExperts, kRaster>(offsets, max_rows, kG2NTiles, &t))
       return;
     const int n0 = t.n_tile * kTileN;
+    const bool keep = mj_keep_output<AT>(max_rows, kHidden);
     mj_tile_loader<S, kTileM, kExpertWidth> la;
     la.init(mj_a_rows<kExpertWidth>{t.row_end - t.row0});
     mj_tile_loader<S, kTileN, kExpertWidth> lb;
@@ -70,11 +71,13 @@ __device__ __forceinline__ void mj_gemm2_mma(const AT *__restrict__ a, const WT 
         const int row = t.row0 + p.m0 + mi * 16 + mj_acc_row(p.lane, half);
         const bool in = row < t.row_end;
         const float s = scale && in ? __ldg(scale + row) : 1.f;
-        mj_store_acc_row<AT, S::kNi>(y + (long long)row * kHidden, n0 + p.n0, kHidden, in,
-                                     [&](int ni, float *v0, float *v1) {
-                                       *v0 = s * acc[mi][ni][2 * half];
-                                       *v1 = s * acc[mi][ni][2 * half + 1];
-                                     });
+        mj_store_acc_row<AT, S::kNi>(
+            y + (long long)row * kHidden, n0 + p.n0, kHidden, in,
+            [&](int ni, float *v0, float *v1) {
+              *v0 = s * acc[mi][ni][2 * half];
+              *v1 = s * acc[mi][ni][2 * half + 1];
+            },
+            keep);
       }
     }
   }
@@ -265,6 +268,7 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
         ta, tw, offsets, max_rows, kNTiles, w_rows,
         [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
           const int n0 = t.n_tile * S::kTN;
+          const bool keep = mj_keep_output<act_t>(max_rows, kHidden);
 #pragma unroll
           for (int mb = 0; mb < S::kMB; ++mb) {
 #pragma unroll
@@ -273,11 +277,13 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
               const bool in = row < t.row_end;  // not the next expert's rows, nor past max_rows
               const float sc = scale && in ? __ldg(scale + row) : 1.f;
               const float *a = &acc[mb][2 * half];
-              mj_store_acc_row<act_t, S::kTN / 8>(y + (long long)row * kHidden, n0, kHidden, in,
-                                                  [&](int i, float *v0, float *v1) {
-                                                    *v0 = sc * a[4 * i];
-                                                    *v1 = sc * a[4 * i + 1];
-                                                  });
+              mj_store_acc_row<act_t, S::kTN / 8>(
+                  y + (long long)row * kHidden, n0, kHidden, in,
+                  [&](int i, float *v0, float *v1) {
+                    *v0 = sc * a[4 * i];
+                    *v1 = sc * a[4 * i + 1];
+                  },
+                  keep);
             }
           }
         });

@@ -29,6 +29,18 @@ template <typename T> __device__ __forceinline__ void mj_store2(T *p, float v0, 
   }
 }
 
+// A GEMM output of at most this many bytes (about an H100's L2) is stored
+// with an L2 evict_last policy: the layer's next kernel (GEMM 2 reading h,
+// the combine reading y) then finds it in L2. Larger outputs are stored
+// plainly, so they do not push out the weight tiles that the running GEMM's
+// CTAs share (docs/gemm.md, "Output stores").
+enum : long long { kMjKeepOutputBytes = 48LL << 20 };
+
+template <typename T>
+__device__ __forceinline__ bool mj_keep_output(int max_rows, int cols) {
+  return (long long)max_rows * cols * (long long)sizeof(T) <= kMjKeepOutputBytes;
+}
+
 // Stores one accumulator row of a thread's NI n8 groups: pair(i, &v0, &v1)
 // gives the thread's two values of columns col0 + 8i + 2q and +1 (q = lane %
 // 4, the mma/wgmma accumulator layout; the 4 lanes of a quad hold the same
@@ -40,9 +52,10 @@ template <typename T> __device__ __forceinline__ void mj_store2(T *p, float v0, 
 // warp must call it (the vote and the shuffles); `store` says whether this
 // lane's row is written. Groups at or past `limit` are skipped (col0 and limit multiples of
 // 8, so a group is all in or all out; row pointer and col0 16-byte aligned).
+// `keep` (mj_keep_output): the 16-byte stores carry the evict_last policy.
 template <typename T, int NI, class Pair>
 __device__ __forceinline__ void mj_store_acc_row(T *row_ptr, int col0, int limit, bool store,
-                                                 const Pair &pair) {
+                                                 const Pair &pair, bool keep = false) {
   const int q = (int)(threadIdx.x & 3u);
   if constexpr (NI % 4 == 0 && mj_dtype<T>::kBytes == 2) {
     // A warp whose rows all lie past the expert's end (most of a tile at
@@ -82,8 +95,18 @@ __device__ __forceinline__ void mj_store_acc_row(T *row_ptr, int col0, int limit
         a[3] = r1;
       }
       const int col = col0 + 32 * m + 8 * q;
-      if (store && col < limit)
-        *reinterpret_cast<uint4 *>(row_ptr + col) = make_uint4(a[0], a[1], a[2], a[3]);
+      if (store && col < limit) {
+        if (keep) {
+          unsigned long long policy;
+          asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+          asm volatile(
+              "st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(row_ptr + col),
+              "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(policy)
+              : "memory");
+        } else {
+          *reinterpret_cast<uint4 *>(row_ptr + col) = make_uint4(a[0], a[1], a[2], a[3]);
+        }
+      }
     }
   } else {
 #pragma unroll
