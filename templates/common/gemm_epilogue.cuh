@@ -4,6 +4,7 @@
 #define MOEJIT_COMMON_GEMM_EPILOGUE_CUH
 
 #include "common/dtype.cuh"
+#include "common/l2.cuh"
 #include "common/warp.cuh"
 
 // silu(x) = x * sigmoid(x); for x -> -inf, expf(-x) = inf and x / inf = -0.
@@ -97,8 +98,7 @@ __device__ __forceinline__ void mj_store_acc_row(T *row_ptr, int col0, int limit
       const int col = col0 + 32 * m + 8 * q;
       if (store && col < limit) {
         if (keep) {
-          unsigned long long policy;
-          asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+          const unsigned long long policy = mj_l2_evict_last();
           asm volatile(
               "st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(row_ptr + col),
               "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(policy)

@@ -20,6 +20,7 @@
 #include "common/gemm_config.cuh"
 #include "common/gemm_epilogue.cuh"
 #include "common/gemm_tiles.cuh"
+#include "common/l2.cuh"
 #include "common/warp.cuh"
 
 // The dtypes and shapes the path takes (src/ops: mj_gemm_gemv_blocker).
@@ -52,12 +53,6 @@ __device__ __forceinline__ uint4 mj_ld_stream(const void *p, unsigned long long 
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p), "l"(policy));
   return v;
-}
-
-__device__ __forceinline__ unsigned long long mj_l2_evict_first() {
-  unsigned long long policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
 }
 
 // The 8 fp16/bf16 elements of a 16-byte chunk as floats.

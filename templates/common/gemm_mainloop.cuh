@@ -8,6 +8,7 @@
 #define MOEJIT_COMMON_GEMM_MAINLOOP_CUH
 
 #include "common/gemm_config.cuh"
+#include "common/l2.cuh"
 
 // --- PTX wrappers -----------------------------------------------------------
 
@@ -20,6 +21,13 @@ __device__ __forceinline__ unsigned mj_smem_u32(const void *p) {
 __device__ __forceinline__ void mj_cp_async16(unsigned dst, const void *src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0)
+               : "memory");
+}
+// The same copy with the L2 policy `policy` (common/l2.cuh).
+__device__ __forceinline__ void mj_cp_async16(unsigned dst, const void *src, bool valid,
+                                              unsigned long long policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
                : "memory");
 }
 __device__ __forceinline__ void mj_cp_async_commit() {

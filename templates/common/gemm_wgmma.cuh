@@ -401,16 +401,6 @@ template <typename T> struct mj_wg_gather_src {
   int div, x_rows;
 };
 
-// cp.async of 16 bytes (zero-filled past `valid`) that L2 keeps with the
-// evict_last policy `policy`: the rows of x are read again for every n-tile
-// while the weights stream past them.
-__device__ __forceinline__ void mj_cp_async16_keep(unsigned dst, const void *src, bool valid,
-                                                   unsigned long long policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
-}
-
 // One arrival on the mbarrier at `bar` once every cp.async this thread
 // issued before it has landed; .noinc: the barrier's count already holds it.
 __device__ __forceinline__ void mj_cp_async_arrive(unsigned bar) {
@@ -447,8 +437,8 @@ __device__ __forceinline__ void mj_wg_produce_gather(
   constexpr int kTiles = (K + 63) / 64;
   constexpr int kRows = mj_wg_gather_rows<S>::kRows;
   const int tid = threadIdx.x & 127, chunk = tid & 7, r0 = tid >> 3;
-  unsigned long long keep;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
+  // rows of x are read again for every n-tile while the weights stream past
+  const unsigned long long keep = mj_l2_evict_last();
   int src[kRows]; // x row of each of this thread's rows, -1: zeros
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
@@ -471,8 +461,8 @@ __device__ __forceinline__ void mj_wg_produce_gather(
     for (int i = 0; i < kRows; ++i) {
       const int r = r0 + 16 * i;
       const bool ok = src[i] >= 0 && col < K;
-      mj_cp_async16_keep(a + r * 128 + ((chunk ^ (r & 7)) << 4),
-                         ok ? g.x + (long long)src[i] * K + col : g.x, ok, keep);
+      mj_cp_async16(a + r * 128 + ((chunk ^ (r & 7)) << 4),
+                    ok ? g.x + (long long)src[i] * K + col : g.x, ok, keep);
     }
     mj_cp_async_arrive(full);
     ring.next<S>();
