@@ -219,18 +219,37 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
 
 #define AT(base, off) ((void *)((char *)(base) + (off)))
 
-/* 1 when GEMM 1 reads its rows from x through align's sorted_slot (the
+/* Whether GEMM 1 reads its rows from x through align's sorted_slot (the
  * wgmma kernel with the spec's tile: templates/gemm1.cu,
  * moejit_gemm1_swiglu_wgmma_gather) rather than from the permuted copy xs,
- * which align then does not write. By default only with 64-row tiles: there
- * the GEMM streams weights and the copy's traffic is what the gather saves
- * (qwen3-30b-a3b T = 2048 on an H100: 597 against 622-662 us); with 128-row
- * tiles the GEMM is compute-bound and the cp.async producer slows it by more
- * than the copy costs (olmoe-1b-7b T = 16384: 3.29 against 3.21 ms).
+ * which align then does not write. The copy is T*k*d elements written and
+ * read again; gathering instead costs the compute-bound 128-row tiles
+ * about a tenth of their speed (the cp.async producer), and reads x rows
+ * from L2 only while x fits there. So (measured on an H100, layer ms,
+ * graph replay, gathered / copied: docs/layer.md, "GEMM 1 reading x in
+ * place"):
+ * - 64-row tiles always: the GEMM streams weights (qwen3-30b-a3b T = 2048:
+ *   597 against 622-662 us);
+ * - cooperative 128-row tiles without clusters where the copy is large
+ *   beside the GEMM (expert width f <= 2048) and x fits in twice the L2:
+ *   qwen3-30b-a3b T = 16384 2.364-2.367 / 2.474-2.495, olmoe-1b-7b
+ *   2.968-2.983 / 3.088-3.149, deepseek-v3 T = 2048 8.048-8.058 /
+ *   8.301-8.306; not mixtral-8x7b (f = 14336: 2.56-2.61 / 2.39-2.41 at
+ *   T = 2048), deepseek-v3 T = 16384 (x 235 MB: 22.7-24.9 / 21.2-21.8) or
+ *   ping-pong 128-row tiles (olmoe-1b-7b T = 2048: 0.548-0.552 /
+ *   0.497-0.500).
  * $MOEJIT_GEMM1_GATHER=1 gathers wherever the kernel can, 0 never. */
-static int gemm1_gathers(const mj_gemm_choice *c) {
-  if (!c->plan.use_wgmma || c->plan.wg_narrow) return 0;
-  return mj_env_switch("MOEJIT_GEMM1_GATHER", c->plan.tile_m == 64);
+int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
+                         int64_t l2_bytes) {
+  const mj_gemm_plan *p = &gemm1->plan;
+  if (!p->use_wgmma || p->wg_narrow) return 0;
+  int want = p->tile_m == 64;
+  if (!want && !p->wg_pingpong && p->wg_cluster == 1 && spec->expert_width <= 2048) {
+    const double x =
+        (double)tokens * (double)spec->hidden * (double)moejit_dtype_size(spec->act_dtype);
+    want = l2_bytes > 0 && x <= 2.0 * (double)l2_bytes;
+  }
+  return mj_env_switch("MOEJIT_GEMM1_GATHER", want);
 }
 
 /* Align, the two GEMMs and combine, routing given (ids, weights). */
@@ -238,7 +257,7 @@ static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const
                                     const int32_t *ids, const float *weights, const void *w1,
                                     const void *w2, void *out, void *ws, const ws_layout *l,
                                     const gemm_choices *c, moejit_stream stream) {
-  const int gather = gemm1_gathers(&c->gemm[0]);
+  const int gather = mj_moe_gemm1_gathers(&m->spec, tokens, &c->gemm[0], mj_ctx_l2_bytes(m->ctx));
   moejit_align_args g = {.tokens = tokens,
                          .topk_ids = ids,
                          .x = gather ? NULL : x,

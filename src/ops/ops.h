@@ -107,6 +107,13 @@ moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v,
 int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
                      const mj_gemm_choice *gemm2);
 
+/* 1 when GEMM 1 of a forward of `tokens` tokens with this choice gathers
+ * its rows from x instead of reading the permuted copy (layer.c says when
+ * and why); l2_bytes: the device's L2 (0: unknown). $MOEJIT_GEMM1_GATHER
+ * "1" gathers wherever the kernel can, "0" never. Host only. */
+int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
+                         int64_t l2_bytes);
+
 struct moejit_model {
   moejit_ctx *ctx; /* borrowed */
   moejit_spec spec;

@@ -278,3 +278,54 @@ Test(prebuild, every_kernel_a_forward_looks_up_is_in_a_module_of_the_load) {
       }
   mj_tuned_table_free(&h100);
 }
+
+/* GEMM 1 gathers x rows (no permuted copy) with 64-row tiles, and with
+ * cooperative 128-row tiles where the expert width is at most 2048 and x
+ * fits in twice the L2: the H100 table's choices at the points the rule
+ * was measured on (layer.c, mj_moe_gemm1_gathers). */
+Test(prebuild, gemm1_gathers_where_it_was_measured_to_pay) {
+  static const struct {
+    const char *preset;
+    int64_t tokens;
+    int gathers;
+  } cases[] = {
+      {"qwen3-30b-a3b", 2048, 1},                            /* 64x256 ping-pong */
+      {"qwen3-30b-a3b", 16384, 1},                           /* 128x256, x 67 MB */
+      {"olmoe-1b-7b", 2048, 0},                              /* 128x128 ping-pong */
+      {"olmoe-1b-7b", 16384, 1},                             /* 128x256, x 67 MB */
+      {"mixtral-8x7b", 2048, 0},                             /* f = 14336 */
+      {"mixtral-8x7b", 16384, 0},  {"deepseek-v3", 2048, 1}, /* 128x256, x 29 MB */
+      {"deepseek-v3", 16384, 0},                             /* x 235 MB */
+  };
+  const int64_t l2 = 50 << 20; /* an H100's */
+  unsetenv("MOEJIT_TUNED_DIR");
+  unsetenv("MOEJIT_GEMM1_GATHER");
+  mj_tuned_table h100;
+  OK(mj_tuned_table_for_device("NVIDIA H100 80GB HBM3", &h100));
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
+    moejit_spec s;
+    OK(moejit_spec_load_preset(cases[i].preset, &s));
+    mj_gemm_variants v;
+    moejit_load_kernel row;
+    mj_gemm_variants_collect(&h100, "none", &s, 1, "sm_90a", &v, &row);
+    mj_gemm_choice c;
+    OK(mj_gemm_choose(&s, &v, 1, cases[i].tokens, "sm_90a", &c));
+    cr_expect_eq(mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2), cases[i].gathers,
+                 "%s T=%lld (tile %dx%d%s): gathers %d", cases[i].preset,
+                 (long long)cases[i].tokens, c.plan.tile_m, c.plan.tile_n,
+                 c.plan.wg_pingpong ? " ping-pong" : "", cases[i].gathers);
+    if (i == 1) {
+      cr_expect(!mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, 0), "no L2 size: no 128-row gather");
+      cr_expect(!mj_moe_gemm1_gathers(&s, 8 * cases[i].tokens, &c, l2), "x past twice the L2");
+      setenv("MOEJIT_GEMM1_GATHER", "0", 1);
+      cr_expect(!mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2), "MOEJIT_GEMM1_GATHER=0");
+      unsetenv("MOEJIT_GEMM1_GATHER");
+    }
+    if (i == 4) {
+      setenv("MOEJIT_GEMM1_GATHER", "1", 1);
+      cr_expect(mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2), "MOEJIT_GEMM1_GATHER=1");
+      unsetenv("MOEJIT_GEMM1_GATHER");
+    }
+  }
+  mj_tuned_table_free(&h100);
+}
