@@ -231,13 +231,15 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
  * - 64-row tiles always: the GEMM streams weights (qwen3-30b-a3b T = 2048:
  *   597 against 622-662 us);
  * - cooperative 128-row tiles without clusters where the copy is large
- *   beside the GEMM (expert width f <= 2048) and x fits in twice the L2:
- *   qwen3-30b-a3b T = 16384 2.364-2.367 / 2.474-2.495, olmoe-1b-7b
- *   2.968-2.983 / 3.088-3.149, deepseek-v3 T = 2048 8.048-8.058 /
+ *   beside the GEMM (expert width f <= 2048) and x fits in L2 times
+ *   min(2, 2048 / f): the larger the copy's share (1/f), the more L2
+ *   overflow the gather outweighs. qwen3-30b-a3b T = 16384 2.364-2.367 /
+ *   2.474-2.495, T = 8192 1.263-1.264 / 1.303-1.305, olmoe-1b-7b T = 16384
+ *   2.968-2.983 / 3.088-3.149, deepseek-v3 T = 2048 (x 29 MB) 8.048-8.058 /
  *   8.301-8.306; not mixtral-8x7b (f = 14336: 2.56-2.61 / 2.39-2.41 at
- *   T = 2048), deepseek-v3 T = 16384 (x 235 MB: 22.7-24.9 / 21.2-21.8) or
- *   ping-pong 128-row tiles (olmoe-1b-7b T = 2048: 0.548-0.552 /
- *   0.497-0.500).
+ *   T = 2048), deepseek-v3 T = 4096 (x 59 MB: 10.09-10.10 / 9.92-10.03) or
+ *   16384 (x 235 MB: 22.7-24.9 / 21.2-21.8), or ping-pong 128-row tiles
+ *   (olmoe-1b-7b T = 2048: 0.548-0.552 / 0.497-0.500).
  * $MOEJIT_GEMM1_GATHER=1 gathers wherever the kernel can, 0 never. */
 int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
                          int64_t l2_bytes) {
@@ -247,7 +249,8 @@ int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_
   if (!want && !p->wg_pingpong && p->wg_cluster == 1 && spec->expert_width <= 2048) {
     const double x =
         (double)tokens * (double)spec->hidden * (double)moejit_dtype_size(spec->act_dtype);
-    want = l2_bytes > 0 && x <= 2.0 * (double)l2_bytes;
+    const double share = 2048.0 / (double)spec->expert_width;
+    want = l2_bytes > 0 && x <= (share < 2.0 ? share : 2.0) * (double)l2_bytes;
   }
   return mj_env_switch("MOEJIT_GEMM1_GATHER", want);
 }

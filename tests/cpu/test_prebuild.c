@@ -280,9 +280,9 @@ Test(prebuild, every_kernel_a_forward_looks_up_is_in_a_module_of_the_load) {
 }
 
 /* GEMM 1 gathers x rows (no permuted copy) with 64-row tiles, and with
- * cooperative 128-row tiles where the expert width is at most 2048 and x
- * fits in twice the L2: the H100 table's choices at the points the rule
- * was measured on (layer.c, mj_moe_gemm1_gathers). */
+ * cooperative 128-row tiles where the expert width f is at most 2048 and x
+ * fits in L2 times min(2, 2048 / f): the H100 table's choices at the points
+ * the rule was measured on (layer.c, mj_moe_gemm1_gathers). */
 Test(prebuild, gemm1_gathers_where_it_was_measured_to_pay) {
   static const struct {
     const char *preset;
@@ -291,10 +291,12 @@ Test(prebuild, gemm1_gathers_where_it_was_measured_to_pay) {
   } cases[] = {
       {"qwen3-30b-a3b", 2048, 1},                            /* 64x256 ping-pong */
       {"qwen3-30b-a3b", 16384, 1},                           /* 128x256, x 67 MB */
+      {"qwen3-30b-a3b", 8192, 1},                            /* x 34 MB */
       {"olmoe-1b-7b", 2048, 0},                              /* 128x128 ping-pong */
       {"olmoe-1b-7b", 16384, 1},                             /* 128x256, x 67 MB */
       {"mixtral-8x7b", 2048, 0},                             /* f = 14336 */
       {"mixtral-8x7b", 16384, 0},  {"deepseek-v3", 2048, 1}, /* 128x256, x 29 MB */
+      {"deepseek-v3", 4096, 0},                              /* x 59 MB: past L2 x 2048 / f */
       {"deepseek-v3", 16384, 0},                             /* x 235 MB */
   };
   const int64_t l2 = 50 << 20; /* an H100's */
@@ -321,7 +323,7 @@ Test(prebuild, gemm1_gathers_where_it_was_measured_to_pay) {
       cr_expect(!mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2), "MOEJIT_GEMM1_GATHER=0");
       unsetenv("MOEJIT_GEMM1_GATHER");
     }
-    if (i == 4) {
+    if (i == 5) {
       setenv("MOEJIT_GEMM1_GATHER", "1", 1);
       cr_expect(mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2), "MOEJIT_GEMM1_GATHER=1");
       unsetenv("MOEJIT_GEMM1_GATHER");
