@@ -218,6 +218,15 @@ MOEJIT_API moejit_status moejit_moe_forward(const moejit_model *model, const moe
  * tokens out of range. Host only. docs/layer.md, "Decode". */
 MOEJIT_API int moejit_moe_decode_layer(const moejit_model *model, int64_t tokens);
 
+/* 1 when moejit_moe_forward of `tokens` tokens runs GEMM 1 reading its rows
+ * from x in place (align writes no permuted copy of x): GEMM 1 on the
+ * Hopper kernel with 64-row tiles, or with cooperative 128-row tiles where
+ * the expert width is at most 2048 and x fits in L2 x min(2, 2048 / f);
+ * $MOEJIT_GEMM1_GATHER "1" / "0" forces it where the kernel can / never.
+ * 0 for the decode layer, an expert-parallel model, a NULL model or tokens
+ * out of range. Host only. docs/layer.md, "GEMM 1 reading x in place". */
+MOEJIT_API int moejit_moe_gemm1_gathers(const moejit_model *model, int64_t tokens);
+
 /* FLOPs of one forward's two GEMMs (6 * T * k * d * f), for reports. */
 MOEJIT_API double moejit_moe_flops(const moejit_spec *spec, int64_t tokens);
 

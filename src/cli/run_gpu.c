@@ -406,6 +406,9 @@ static void print_configs(const gpu_state *g) {
     if (moejit_moe_decode_layer(g->model, g->points[i].tokens))
       printf("  T=%-6lld layer: decode, 2 launches (route + gemm1, gemm2 + combine)\n",
              (long long)g->points[i].tokens);
+    else if (moejit_moe_gemm1_gathers(g->model, g->points[i].tokens))
+      printf("  T=%-6lld layer: gemm1 reads x rows in place (no permuted copy)\n",
+             (long long)g->points[i].tokens);
   }
 }
 
@@ -460,8 +463,9 @@ static void print_choices_json(const gpu_state *g) {
       cli_json_str(stdout, desc);
       printf("}");
     }
-    printf(",\"decode_layer\":%s}",
-           moejit_moe_decode_layer(g->model, g->points[i].tokens) ? "true" : "false");
+    printf(",\"decode_layer\":%s,\"gemm1_gathers\":%s}",
+           moejit_moe_decode_layer(g->model, g->points[i].tokens) ? "true" : "false",
+           moejit_moe_gemm1_gathers(g->model, g->points[i].tokens) ? "true" : "false");
   }
   printf("]");
 }

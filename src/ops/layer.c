@@ -336,12 +336,25 @@ int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choi
   return mj_env_switch("MOEJIT_LAYER_DECODE", 1);
 }
 
+/* The GEMM choices of a one-GPU whole-layer forward of `tokens` tokens;
+ * 0 when there is none (NULL or expert-parallel model, T out of range). */
+static int layer_choices(const moejit_model *m, const char *op, int64_t tokens, gemm_choices *c) {
+  return m && !m->ep && (m->families & MJ_OPS_LAYER) == MJ_OPS_LAYER && tokens >= 1 &&
+         tokens <= INT32_MAX / m->spec.top_k && !choose_gemms(m, op, tokens, c);
+}
+
 int moejit_moe_decode_layer(const moejit_model *m, int64_t tokens) {
   gemm_choices c;
-  if (!m || m->ep || (m->families & MJ_OPS_LAYER) != MJ_OPS_LAYER || tokens < 1 ||
-      tokens > INT32_MAX / m->spec.top_k || choose_gemms(m, "moejit_moe_decode_layer", tokens, &c))
-    return 0;
+  if (!layer_choices(m, "moejit_moe_decode_layer", tokens, &c)) return 0;
   return mj_moe_decode_ok(&m->spec, tokens, &c.gemm[0], &c.gemm[1]);
+}
+
+int moejit_moe_gemm1_gathers(const moejit_model *m, int64_t tokens) {
+  gemm_choices c;
+  if (!layer_choices(m, "moejit_moe_gemm1_gathers", tokens, &c) ||
+      mj_moe_decode_ok(&m->spec, tokens, &c.gemm[0], &c.gemm[1]))
+    return 0;
+  return mj_moe_gemm1_gathers(&m->spec, tokens, &c.gemm[0], mj_ctx_l2_bytes(m->ctx));
 }
 
 /* Blocks of MJ_GEMV_WARPS warps for `units` work units: as many rounds as

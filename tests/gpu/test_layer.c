@@ -481,12 +481,25 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
 
 /* Where GEMM 1 gathers its rows from x through align's sorted_slot (forced
  * on with $MOEJIT_GEMM1_GATHER=1) and align skips the permuted copy, the
- * output is the copy-based chain's to the bit ($MOEJIT_GEMM1_GATHER=0). */
+ * output is the copy-based chain's to the bit ($MOEJIT_GEMM1_GATHER=0).
+ * moejit_moe_gemm1_gathers says which a forward runs. */
 Test(layer, gemm1_gather_equals_the_permuted_copy) {
   OPS_REQUIRE_GPU();
   ts_rng rng = ts_rng_fresh("layer gather");
   moejit_load_report r;
   moejit_model *m = load("qwen3-30b-a3b", &r);
+  moejit_ctx *ctx = ops_ctx();
+  moejit_device_info info;
+  cr_assert_eq(moejit_ctx_device_info(ctx, &info), MOEJIT_OK, "%s", moejit_last_error());
+  const int hopper = strcmp(info.arch, "sm_90a") == 0;
+  cr_expect(!moejit_moe_gemm1_gathers(m, 1), "T = 1 runs the decode layer");
+  cr_expect(!moejit_moe_gemm1_gathers(NULL, 2048) && !moejit_moe_gemm1_gathers(m, 0));
+  /* on sm_90a the H100 table's 64x256 tile gathers at T = 2048; elsewhere
+   * GEMM 1 is not on the Hopper kernel */
+  cr_expect_eq(moejit_moe_gemm1_gathers(m, 2048), hopper, "T = 2048 on %s", info.arch);
+  setenv("MOEJIT_GEMM1_GATHER", "0", 1);
+  cr_expect(!moejit_moe_gemm1_gathers(m, 2048), "MOEJIT_GEMM1_GATHER=0");
+  unsetenv("MOEJIT_GEMM1_GATHER");
   layer_io io;
   io_make(&io, m, 2048, &rng);
   const int64_t sizes[] = {256, 2048};
