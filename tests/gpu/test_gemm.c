@@ -16,6 +16,7 @@
 #include "moejit/gemm.h"
 #include "moejit/moejit.h"
 #include "ops/gemm.h"
+#include "ops_gpu.h"
 #include "ref_dtype.h"
 #include "ref_gemm.h"
 #include "test_support.h"
@@ -187,12 +188,6 @@ static double run_case(const gemm_case *c) {
   return err;
 }
 
-static int ctx_is_sm90a(moejit_ctx *ctx) {
-  moejit_device_info info;
-  cr_assert_eq(moejit_ctx_device_info(ctx, &info), MOEJIT_OK, "%s", moejit_last_error());
-  return strcmp(info.arch, "sm_90a") == 0;
-}
-
 /* The case on the wgmma path, with the spec's tile and with the narrow
  * decode tile (MOEJIT_GEMM_WGMMA_NARROW forces the plan's choice). */
 static void run_case_wgmma(const gemm_case *c) {
@@ -233,7 +228,7 @@ static void run_both(moejit_ctx *ctx, const moejit_spec *s, const int32_t *count
     }
   }
   /* The same cases on the Hopper path, where the device and spec take it. */
-  if ((path == MOEJIT_GEMM_PATH_MMA || path == MOEJIT_GEMM_PATH_AUTO) && ctx_is_sm90a(ctx) &&
+  if ((path == MOEJIT_GEMM_PATH_MMA || path == MOEJIT_GEMM_PATH_AUTO) && ops_ctx_is_sm90a(ctx) &&
       !mj_gemm_wgmma_blocker(s, 1) && !mj_gemm_wgmma_blocker(s, 2)) {
     run_case_wgmma(&c1);
     run_case_wgmma(&c2);
@@ -348,7 +343,7 @@ static void run_wgmma_tiles(moejit_ctx *ctx, int64_t d, int64_t f, const moejit_
 
 static moejit_ctx *sm90a_ctx_or_skip(void) {
   moejit_ctx *ctx = ctx_or_skip();
-  if (!ctx_is_sm90a(ctx)) {
+  if (!ops_ctx_is_sm90a(ctx)) {
     moejit_ctx_destroy(ctx);
     cr_skip_test("the wgmma path needs an sm_90a device");
   }
@@ -477,7 +472,8 @@ Test(gemm, argument_checks) {
   cr_assert(strstr(moejit_last_error(), "wgmma"), "%s", moejit_last_error());
   a = ok, a.path = MOEJIT_GEMM_PATH_WGMMA; /* bf16: runs on sm_90a, refused elsewhere */
   cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL),
-               ctx_is_sm90a(ctx) ? MOEJIT_OK : MOEJIT_ERR_UNSUPPORTED, "%s", moejit_last_error());
+               ops_ctx_is_sm90a(ctx) ? MOEJIT_OK : MOEJIT_ERR_UNSUPPORTED, "%s",
+               moejit_last_error());
   cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
   moejit_mem_free(ctx, buf, NULL);
   moejit_mem_free(ctx, doff, NULL);
@@ -601,7 +597,7 @@ Test(gemm, gather_argument_checks) {
   a = ok, a.path = MOEJIT_GEMM_PATH_MMA;
   cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
   cr_assert(strstr(moejit_last_error(), "a_index"), "%s", moejit_last_error());
-  if (ctx_is_sm90a(ctx)) {
+  if (ops_ctx_is_sm90a(ctx)) {
     setenv("MOEJIT_GEMM_WGMMA_NARROW", "1", 1);
     a = ok;
     cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_UNSUPPORTED);

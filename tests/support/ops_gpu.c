@@ -28,6 +28,12 @@ moejit_ctx *ops_ctx(void) {
   return the_ctx;
 }
 
+int ops_ctx_is_sm90a(moejit_ctx *ctx) {
+  moejit_device_info info;
+  cr_assert_eq(moejit_ctx_device_info(ctx, &info), MOEJIT_OK, "%s", moejit_last_error());
+  return strcmp(info.arch, "sm_90a") == 0;
+}
+
 void *ops_alloc(size_t bytes) {
   void *d = NULL;
   OPS_OK(moejit_mem_alloc(ops_ctx(), bytes, NULL, &d));

@@ -31,6 +31,8 @@
 int ops_gpu_usable(char *why, size_t cap);
 /* The process's ctx, created on first use. */
 moejit_ctx *ops_ctx(void);
+/* 1 when ctx's device is sm_90a (the wgmma kernels run there). */
+int ops_ctx_is_sm90a(moejit_ctx *ctx);
 
 void *ops_alloc(size_t bytes);
 void ops_free(void *dptr);
