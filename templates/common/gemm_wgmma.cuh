@@ -287,13 +287,13 @@ __device__ __forceinline__ void mj_wg_build_table(int *table, const int *offsets
   if (lane == 0) table[0] = 0;
 }
 
-// Item w of the schedule -> the tile of cluster rank `rank`. Table units are
+// Tile w of the schedule -> the tile of cluster rank `rank`. Table units are
 // CM M-tiles (a cluster's CTAs take consecutive M-tiles of one expert, so
 // they share the weight tile); a rank past the expert's last M-tile gets an
 // empty tile (row_end == row0: it loads and multiplies, stores nothing).
 template <int TM, int CM, int EXPERTS, int RASTER>
-__device__ __forceinline__ mj_gemm_tile mj_wg_item(const int *table, const int *offsets, int max_rows,
-                                                   int n_tiles, int w, int rank) {
+__device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *offsets,
+                                                   int max_rows, int n_tiles, int w, int rank) {
   const int total_m = table[EXPERTS];
   const int per_group = kWgGroupM * n_tiles;
   const int group = w / per_group, within = w - group * per_group;
@@ -320,6 +320,65 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_item(const int *table, const int *
   t.row0 = first + ((mt - table[lo]) * CM + rank) * TM;
   t.row_end = t.row0 >= end ? t.row0 : (t.row0 + TM < end ? t.row0 + TM : end);
   return t;
+}
+
+// The schedule's items. Tiles 0 .. tiles-1 (mj_wg_tile) are items of their
+// own, except that when the last round would leave at least half the CTAs
+// idle (kSplit: cooperative tiles of 128 or 256 rows with A by TMA, no
+// clusters; docs/gemm.md "The last round split in halves"), each tile of
+// that round is split into its consumers' row halves, items of their own:
+// CTA b still takes items b, b + grid, ..., so the last round's CTAs each
+// take one half and multiply it with one consumer warpgroup while the other
+// waits, in less than a tile's time (one warpgroup alone has the tensor
+// cores). A half past the expert's last row is an empty item (row_end ==
+// row0), which no warpgroup loads or multiplies.
+struct mj_wg_sched {
+  int tiles;   // (M-tile, n-tile) pairs
+  int whole;   // items 0 .. whole-1 are tiles 0 .. whole-1
+  int pieces;  // items per tile past `whole`: 1, or the consumers (split)
+  int items;   // whole + (tiles - whole) * pieces
+};
+
+template <class S, int CM, int EXPERTS, bool kSplit>
+__device__ __forceinline__ mj_wg_sched mj_wg_schedule(const int *table, int n_tiles, int grid) {
+  mj_wg_sched q;
+  q.tiles = table[EXPERTS] * n_tiles;
+  q.whole = q.tiles;
+  q.pieces = 1;
+  if constexpr (kSplit) {
+    const int rem = q.tiles % grid;
+    if (rem > 0 && 2 * rem <= grid) q.whole = q.tiles - rem, q.pieces = 2;
+  }
+  q.items = q.whole + (q.tiles - q.whole) * q.pieces;
+  return q;
+}
+
+// Item w of the schedule -> its tile (rank: as mj_wg_tile).
+template <class S, int CM, int EXPERTS, int RASTER, bool kSplit>
+__device__ __forceinline__ mj_gemm_tile mj_wg_item(const mj_wg_sched &q, const int *table,
+                                                   const int *offsets, int max_rows, int n_tiles,
+                                                   int w, int rank) {
+  if (!kSplit || w < q.whole)
+    return mj_wg_tile<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
+  const int u = w - q.whole, piece = u % q.pieces;
+  mj_gemm_tile t = mj_wg_tile<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles,
+                                                           q.whole + u / q.pieces, rank);
+  if (q.pieces > 1) {
+    const int row0 = t.row0 + piece * S::kWgRows;
+    const int end = row0 + S::kWgRows < t.row_end ? row0 + S::kWgRows : t.row_end;
+    t.row0 = row0;
+    t.row_end = end > row0 ? end : row0;
+  }
+  return t;
+}
+
+// Whether consumer c has rows of tile t to compute: ping-pong consumers take
+// whole tiles; a cooperative consumer's rows [c * kWgRows, +kWgRows) may lie
+// past the expert's end (its last M-tile, a split half, a cluster rank past
+// the last M-tile). mj_wg_gemm asks it for split halves only.
+template <class S>
+__device__ __forceinline__ bool mj_wg_active(const mj_gemm_tile &t, int c) {
+  return t.row0 + (S::kPingPong ? 0 : c * S::kWgRows) < t.row_end;
 }
 
 // The pipeline position both sides keep across the tiles of a persistent
@@ -522,6 +581,21 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
   if (signals) mj_wg_release<CM>(sm.empty + prev * 8);
 }
 
+// A consumer without rows in a split half (mj_wg_active) multiplies
+// nothing: it gives each stage of the tile back once it has landed (not
+// before: an arrival ahead of the producer would count toward the stage's
+// next use), so the other consumer has the tensor cores to itself.
+template <class S, int K, int CM>
+__device__ __forceinline__ void mj_wg_skip(const mj_wg_smem<S> &sm, mj_wg_ring &ring) {
+  const bool signals = (threadIdx.x & 31) == 0;
+#pragma unroll 1
+  for (int kt = 0; kt < (K + 63) / 64; ++kt) {
+    mj_mbar_wait(sm.full + ring.s * 8, ring.phase);
+    if (signals) mj_wg_release<CM>(sm.empty + ring.s * 8);
+    ring.next<S>();
+  }
+}
+
 // The persistent grouped GEMM: barrier and tile-table setup, then the
 // warp-specialized pipeline over the CTA's work items (mj_wg_item). For each
 // tile, w_rows(t, &w_row0, &w_row1) names its B rows and epi(acc, c, t)
@@ -559,7 +633,15 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
   const int first = CM == 1 ? (int)blockIdx.x : (int)mj_cluster_id();
   const int stride = CM == 1 ? (int)gridDim.x : (int)mj_cluster_count();
   if constexpr (CM > 1) mj_cluster_sync(); // the peer's barriers exist before any multicast
-  const int items = table[EXPERTS] * n_tiles;
+  // Split halves: cooperative 128-row tiles without clusters, from TMA (the
+  // gathering producer, at 40 registers, would spill for them).
+  constexpr bool kSplit = CM == 1 && !S::kPingPong && S::kConsumers == 2 && !kGather;
+  const mj_wg_sched q = mj_wg_schedule<S, CM, EXPERTS, kSplit>(table, n_tiles, stride);
+  const int items = q.items;
+  // An item without rows (a split half past the expert's end) is skipped by
+  // every warpgroup alike. In a cluster the peer's multicast needs this
+  // CTA's loads, so a cluster rank past the expert's end still loads.
+  const auto empty = [](const mj_gemm_tile &t) { return kSplit && t.row0 >= t.row_end; };
   const int wg = threadIdx.x / 128;
   mj_wg_ring ring;
   if (wg == 0) {
@@ -569,15 +651,18 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       mj_wg_gather_rows<S> cur, nxt;
       mj_gemm_tile t = {};
       if (first < items) {
-        t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, first, rank);
+        t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(q, table, offsets, max_rows, n_tiles, first,
+                                                       rank);
         mj_wg_gather_index<S, T>(*gather, t, cur);
       }
 #pragma unroll 1
       for (int w = first; w < items; w += stride) {
         const bool has_next = w + stride < items;
         const mj_gemm_tile t_next =
-            has_next ? mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w + stride, rank)
+            has_next ? mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(q, table, offsets, max_rows,
+                                                                  n_tiles, w + stride, rank)
                      : t;
+        static_assert(!kSplit, "the gathering producer has no empty items to skip");
         int w_row0, w_row1;
         w_rows(t, &w_row0, &w_row1);
         mj_wg_produce_gather<S, K, kSplitB, CM, T>(sm, ring, *gather, tw, cur, w_row0, w_row1, rank,
@@ -592,7 +677,9 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       mj_tma_prefetch(tw);
 #pragma unroll 1
       for (int w = first; w < items; w += stride) {
-        const mj_gemm_tile t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
+        const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(
+            q, table, offsets, max_rows, n_tiles, w, rank);
+        if (empty(t)) continue;
         int w_row0, w_row1;
         w_rows(t, &w_row0, &w_row1);
         mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, w_row0, w_row1, rank);
@@ -614,10 +701,21 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
 #pragma unroll 1
     for (int w = first + (S::kPingPong ? c * stride : 0), j = c; w < items;
          w += S::kPingPong ? 2 * stride : stride, j += 2) {
-      const mj_gemm_tile t = mj_wg_item<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
+      const mj_gemm_tile t =
+          mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(q, table, offsets, max_rows, n_tiles, w, rank);
+      if (empty(t)) continue;  // never in ping-pong (no split): the order barriers stay paired
       if (S::kPingPong && j > 0) {
         mj_mbar_wait(sm.order + (1 - c) * 8, order_phase);
         order_phase ^= 1u;
+      }
+      // Only the split halves of the last round leave a consumer idle (no
+      // rows, no stores): a consumer skipping its rows of an ordinary tile
+      // (an expert's last M-tile) lets its CTA run ahead of the CTAs that
+      // share the weight tile, and L2 loses it (deepseek-v3 T = 16384 GEMM
+      // 1: 28.7 against 16.0 ms on an H100).
+      if (kSplit && w >= q.whole && !mj_wg_active<S>(t, c)) {
+        mj_wg_skip<S, K, CM>(sm, ring);
+        continue;
       }
       mj_wg_consume<S, T, K, CM, kGather>(sm, ring, c, acc);
       if (S::kPingPong) {

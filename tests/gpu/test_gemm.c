@@ -16,6 +16,7 @@
 #include "moejit/gemm.h"
 #include "moejit/moejit.h"
 #include "ops/gemm.h"
+#include "runtime/runtime.h"
 #include "ops_gpu.h"
 #include "ref_dtype.h"
 #include "ref_gemm.h"
@@ -366,6 +367,39 @@ Test(gemm, wgmma_cluster_pairs) {
   const moejit_gemm_cfg tiles[] = {cfg(128, 256, 64, 4, 8, 0), cfg(128, 128, 64, 4, 8, 1),
                                    cfg(64, 256, 64, 4, 8, 0)};
   run_wgmma_tiles(ctx, 264, 200, tiles, sizeof tiles / sizeof tiles[0], pair_along_m, "cluster 2");
+  moejit_ctx_destroy(ctx);
+}
+
+/* Cooperative 128-row tiles when the last round of the persistent schedule
+ * would leave at least half the CTAs idle: that round's tiles are split into
+ * the two consumers' 64-row halves, each its own item. Here (H100: 132 CTAs)
+ * 14 M-tiles x 11 n-tiles = 154 tiles, so 22 tail tiles become 44 halves:
+ * full 128-row tiles, a 1-row tile (empty second half), exactly 64 rows
+ * (empty second half) and 65 rows (a 1-row second half); N and K have
+ * tails (d = 1288, f = 648). Against the float64 reference, with the rows
+ * past offsets[E] left poisoned and a bitwise rerun (run_case). */
+Test(gemm, wgmma_splits_the_last_round) {
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
+  static const int32_t counts[8] = {129, 300, 0, 256, 385, 2, 64, 65};
+  moejit_spec s = make_spec(1288, 648, 8, MOEJIT_DTYPE_BF16, cfg(128, 128, 64, 4, 8, 0));
+  cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+  int64_t m_tiles = 0, rows = 0;
+  for (int e = 0; e < 8; e++) m_tiles += (counts[e] + 127) / 128, rows += counts[e];
+  for (int which = 1; which <= 2; which++) {
+    mj_gemm_plan p;
+    cr_assert_eq(mj_gemm_plan_make_for(&s, which, MOEJIT_GEMM_PATH_WGMMA, rows + 5, "sm_90a", &p),
+                 MOEJIT_OK, "%s", moejit_last_error());
+    const int64_t sms = mj_ctx_sm_count(ctx), grid = p.grid < sms ? p.grid : sms;
+    const int64_t tiles = m_tiles * p.n_tiles, rem = tiles % grid;
+    if (sms == 132)
+      cr_assert(tiles > grid && rem > 0 && 2 * rem <= grid,
+                "gemm%d: %lld tiles on %lld CTAs should split the last round", which,
+                (long long)tiles, (long long)grid);
+    gemm_case c = {ctx,    &s, which,      MOEJIT_GEMM_PATH_WGMMA,
+                   counts, 5,  which == 2, tol_of(s.act_dtype)};
+    double err = run_case(&c);
+    cr_expect(err <= c.tolerance, "gemm%d split last round: rel error %.3g", which, err);
+  }
   moejit_ctx_destroy(ctx);
 }
 
