@@ -326,31 +326,23 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *
 // own, except that when the last round would leave at least half the CTAs
 // idle (kSplit: cooperative tiles of 128 or 256 rows with A by TMA, no
 // clusters; docs/gemm.md "The last round split in halves"), each tile of
-// that round is split into its consumers' row halves, items of their own:
-// CTA b still takes items b, b + grid, ..., so the last round's CTAs each
-// take one half and multiply it with one consumer warpgroup while the other
-// waits, in less than a tile's time (one warpgroup alone has the tensor
-// cores). A half past the expert's last row is an empty item (row_end ==
-// row0), which no warpgroup loads or multiplies.
+// that round is split into its two consumers' row halves, items of their
+// own: CTA b still takes items b, b + grid, ..., so the last round's CTAs
+// each take one half. A half's rows are [row0, +kWgRows) of the item, so
+// consumer 0 multiplies them and consumer 1 waits (mj_wg_skip), in less
+// than a tile's time (one warpgroup alone has the tensor cores). A half
+// past the expert's last row is an empty item (row_end == row0), which no
+// warpgroup loads or multiplies.
 struct mj_wg_sched {
-  int tiles;   // (M-tile, n-tile) pairs
-  int whole;   // items 0 .. whole-1 are tiles 0 .. whole-1
-  int pieces;  // items per tile past `whole`: 1, or the consumers (split)
-  int items;   // whole + (tiles - whole) * pieces
+  int whole;  // items 0 .. whole-1 are tiles 0 .. whole-1; then halves
+  int items;  // whole + 2 * (tiles - whole)
 };
 
-template <class S, int CM, int EXPERTS, bool kSplit>
+template <int EXPERTS, bool kSplit>
 __device__ __forceinline__ mj_wg_sched mj_wg_schedule(const int *table, int n_tiles, int grid) {
-  mj_wg_sched q;
-  q.tiles = table[EXPERTS] * n_tiles;
-  q.whole = q.tiles;
-  q.pieces = 1;
-  if constexpr (kSplit) {
-    const int rem = q.tiles % grid;
-    if (rem > 0 && 2 * rem <= grid) q.whole = q.tiles - rem, q.pieces = 2;
-  }
-  q.items = q.whole + (q.tiles - q.whole) * q.pieces;
-  return q;
+  const int tiles = table[EXPERTS] * n_tiles, rem = tiles % grid;
+  const int whole = kSplit && rem > 0 && 2 * rem <= grid ? tiles - rem : tiles;
+  return mj_wg_sched{whole, whole + 2 * (tiles - whole)};
 }
 
 // Item w of the schedule -> its tile (rank: as mj_wg_tile).
@@ -360,25 +352,14 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_item(const mj_wg_sched &q, const i
                                                    int w, int rank) {
   if (!kSplit || w < q.whole)
     return mj_wg_tile<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
-  const int u = w - q.whole, piece = u % q.pieces;
+  const int u = w - q.whole;
   mj_gemm_tile t = mj_wg_tile<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles,
-                                                           q.whole + u / q.pieces, rank);
-  if (q.pieces > 1) {
-    const int row0 = t.row0 + piece * S::kWgRows;
-    const int end = row0 + S::kWgRows < t.row_end ? row0 + S::kWgRows : t.row_end;
-    t.row0 = row0;
-    t.row_end = end > row0 ? end : row0;
-  }
+                                                           q.whole + u / 2, rank);
+  const int row0 = t.row0 + (u & 1) * S::kWgRows;
+  const int end = row0 + S::kWgRows < t.row_end ? row0 + S::kWgRows : t.row_end;
+  t.row0 = row0;
+  t.row_end = end > row0 ? end : row0;
   return t;
-}
-
-// Whether consumer c has rows of tile t to compute: ping-pong consumers take
-// whole tiles; a cooperative consumer's rows [c * kWgRows, +kWgRows) may lie
-// past the expert's end (its last M-tile, a split half, a cluster rank past
-// the last M-tile). mj_wg_gemm asks it for split halves only.
-template <class S>
-__device__ __forceinline__ bool mj_wg_active(const mj_gemm_tile &t, int c) {
-  return t.row0 + (S::kPingPong ? 0 : c * S::kWgRows) < t.row_end;
 }
 
 // The pipeline position both sides keep across the tiles of a persistent
@@ -581,10 +562,10 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
   if (signals) mj_wg_release<CM>(sm.empty + prev * 8);
 }
 
-// A consumer without rows in a split half (mj_wg_active) multiplies
-// nothing: it gives each stage of the tile back once it has landed (not
-// before: an arrival ahead of the producer would count toward the stage's
-// next use), so the other consumer has the tensor cores to itself.
+// A consumer without rows in a split half (consumer 1) multiplies nothing:
+// it gives each stage of the tile back once it has landed (not before: an
+// arrival ahead of the producer would count toward the stage's next use),
+// so the other consumer has the tensor cores to itself.
 template <class S, int K, int CM>
 __device__ __forceinline__ void mj_wg_skip(const mj_wg_smem<S> &sm, mj_wg_ring &ring) {
   const bool signals = (threadIdx.x & 31) == 0;
@@ -633,10 +614,10 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
   const int first = CM == 1 ? (int)blockIdx.x : (int)mj_cluster_id();
   const int stride = CM == 1 ? (int)gridDim.x : (int)mj_cluster_count();
   if constexpr (CM > 1) mj_cluster_sync(); // the peer's barriers exist before any multicast
-  // Split halves: cooperative 128-row tiles without clusters, from TMA (the
-  // gathering producer, at 40 registers, would spill for them).
+  // Split halves: cooperative tiles (two consumers) without clusters, A by
+  // TMA (the gathering producer, at 40 registers, would spill for them).
   constexpr bool kSplit = CM == 1 && !S::kPingPong && S::kConsumers == 2 && !kGather;
-  const mj_wg_sched q = mj_wg_schedule<S, CM, EXPERTS, kSplit>(table, n_tiles, stride);
+  const mj_wg_sched q = mj_wg_schedule<EXPERTS, kSplit>(table, n_tiles, stride);
   const int items = q.items;
   // An item without rows (a split half past the expert's end) is skipped by
   // every warpgroup alike. In a cluster the peer's multicast needs this
@@ -713,7 +694,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       // (an expert's last M-tile) lets its CTA run ahead of the CTAs that
       // share the weight tile, and L2 loses it (deepseek-v3 T = 16384 GEMM
       // 1: 28.7 against 16.0 ms on an H100).
-      if (kSplit && w >= q.whole && !mj_wg_active<S>(t, c)) {
+      if (kSplit && w >= q.whole && c == 1) {  // a half: consumer 0's rows
         mj_wg_skip<S, K, CM>(sm, ring);
         continue;
       }
