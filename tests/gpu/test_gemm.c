@@ -325,11 +325,11 @@ Test(gemm, routing_edge_cases) {
 
 /* Both GEMMs (gemm2 with its row scale) of a d x f, 8-expert bf16 spec on
  * the explicit wgmma path for each tile, with `tweak` applied to both GEMMs'
- * configs. Counts give experts with an odd number of 128-row tiles, exact
- * tile multiples, a single row and empty experts. */
-static void run_wgmma_tiles(moejit_ctx *ctx, int64_t d, int64_t f, const moejit_gemm_cfg *tiles,
-                            size_t n, void (*tweak)(moejit_gemm_cfg *), const char *what) {
-  static const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
+ * configs, the experts' rows given by counts. */
+static void run_wgmma_tiles_counts(moejit_ctx *ctx, int64_t d, int64_t f,
+                                   const moejit_gemm_cfg *tiles, size_t n,
+                                   void (*tweak)(moejit_gemm_cfg *), const char *what,
+                                   const int32_t counts[8]) {
   for (size_t i = 0; i < n; i++) {
     moejit_spec s = make_spec(d, f, 8, MOEJIT_DTYPE_BF16, tiles[i]);
     tweak(&s.gemm1), tweak(&s.gemm2);
@@ -340,6 +340,14 @@ static void run_wgmma_tiles(moejit_ctx *ctx, int64_t d, int64_t f, const moejit_
       cr_expect(err <= c.tolerance, "tile %d: gemm%d %s: rel error %.3g", (int)i, which, what, err);
     }
   }
+}
+
+/* The same with experts of an odd number of 128-row tiles, exact tile
+ * multiples, a single row and empty experts. */
+static void run_wgmma_tiles(moejit_ctx *ctx, int64_t d, int64_t f, const moejit_gemm_cfg *tiles,
+                            size_t n, void (*tweak)(moejit_gemm_cfg *), const char *what) {
+  static const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
+  run_wgmma_tiles_counts(ctx, d, f, tiles, n, tweak, what, counts);
 }
 
 static moejit_ctx *sm90a_ctx_or_skip(void) {
@@ -411,6 +419,12 @@ Test(gemm, wgmma_pingpong) {
   const moejit_gemm_cfg tiles[] = {cfg(128, 128, 64, 4, 8, 0), cfg(64, 256, 64, 4, 8, 1),
                                    cfg(64, 128, 128, 3, 8, 0)};
   run_wgmma_tiles(ctx, 1032, 584, tiles, sizeof tiles / sizeof tiles[0], pingpong, "pingpong");
+  /* 128-row ping-pong tiles cut short by the expert's end at every depth:
+   * last M-tiles of 64, 1 and 64 rows (counts 64, 1, 192, 320), where one
+   * consumer's second m64 block holds no rows, and of 65, 72 and 127 rows
+   * (65, 200, 127), where it holds some. */
+  static const int32_t tails[8] = {64, 65, 200, 127, 1, 0, 192, 320};
+  run_wgmma_tiles_counts(ctx, 520, 328, tiles, 1, pingpong, "pingpong m64 tails", tails);
   /* a tile one warpgroup cannot hold: refused on WGMMA, mma.sync under AUTO */
   moejit_spec big = make_spec(264, 200, 8, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
   big.gemm2.schedule = MOEJIT_SCHEDULE_PINGPONG;
