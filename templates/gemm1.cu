@@ -278,7 +278,11 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
       *gate = t.expert * 2 * kExpertWidth + t.n_tile * kHalf;
       *up = *gate + kExpertWidth;
     };
-    const auto epi = [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
+    // GEMM 1 stores with the quad transpose (mj_store_acc_row), not through
+    // staging buffers as GEMM 2 does: its epilogue's time is SwiGLU's, the
+    // staged stores measured even here, and the gathering kernel spilled.
+    const auto epi =
+        [&](float(&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t, unsigned) {
           const int h_col0 = t.n_tile * kHalf;
           const bool keep = mj_keep_output<act_t>(max_rows, kExpertWidth);
 #pragma unroll

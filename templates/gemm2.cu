@@ -247,8 +247,9 @@ moejit_layer_decode_gemm2(const act_t *__restrict__ h, const weight_t *__restric
 
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
-typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts, kSchedule> Gemm2Wg;
-typedef mj_wg_narrow<kExperts> Gemm2WgNarrow;
+// GEMM 2 stores through the consumer warps' staging buffers (mj_wg_store_rows)
+typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts, kSchedule, 1> Gemm2Wg;
+typedef mj_wg_narrow<kExperts, 1> Gemm2WgNarrow;
 
 template <class S, int CM>
 __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ y,
@@ -266,25 +267,25 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
     };
     mj_wg_gemm<S, act_t, kExpertWidth, false, kExperts, kRaster, CM>(
         ta, tw, offsets, max_rows, kNTiles, w_rows,
-        [&](float (&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t) {
-          const int n0 = t.n_tile * S::kTN;
+        [&](float(&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t, unsigned buf) {
           const bool keep = mj_keep_output<act_t>(max_rows, kHidden);
 #pragma unroll
           for (int mb = 0; mb < S::kMB; ++mb) {
+            float sc[2];
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int row = t.row0 + S::row(c, mb, half);
-              const bool in = row < t.row_end;  // not the next expert's rows, nor past max_rows
-              const float sc = scale && in ? __ldg(scale + row) : 1.f;
-              const float *a = &acc[mb][2 * half];
-              mj_store_acc_row<act_t, S::kTN / 8>(
-                  y + (long long)row * kHidden, n0, kHidden, in,
-                  [&](int i, float *v0, float *v1) {
-                    *v0 = sc * a[4 * i];
-                    *v1 = sc * a[4 * i + 1];
-                  },
-                  keep);
+              // not the next expert's rows, nor past max_rows
+              sc[half] = scale && row < t.row_end ? __ldg(scale + row) : 1.f;
             }
+            const float *a = acc[mb];
+            mj_wg_store_rows<act_t, S::kTN / 8>(
+                y, kHidden, t.row0 + S::warp_row(c, mb), t.row_end, t.n_tile * S::kTN, kHidden, buf,
+                [&](int i, int half, float *v0, float *v1) {
+                  *v0 = sc[half] * a[4 * i + 2 * half];
+                  *v1 = sc[half] * a[4 * i + 2 * half + 1];
+                },
+                keep);
           }
         });
   }

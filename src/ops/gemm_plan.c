@@ -23,6 +23,9 @@
  * work-item count under which the narrow entry (64 x 128, 8 stages of
  * 64-wide k-tiles) replaces the spec's tile: two tiles per H100 SM (132). */
 #define MJ_WG_SMEM_BUDGET (232448 - 1024)
+/* kWgEpiWarpBytes: the epilogue staging buffer of one consumer warp (16
+ * rows of 144 bytes) */
+#define MJ_WG_EPI_WARP_BYTES (16 * 144)
 #define MJ_WG_NARROW_CTAS 264
 #define MJ_WG_NARROW_TM 64
 #define MJ_WG_NARROW_TN 128
@@ -276,10 +279,12 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   p->threads = 128u * (unsigned)(1 + consumers);
   p->warps_m = pp ? 1 : consumers, p->warps_n = 1, p->warps_k = 1;
   p->wg_pingpong = pp;
-  /* the tile table, after (ping-pong) the two order mbarriers */
+  /* the tile table, after (ping-pong) the two order mbarriers, and (GEMM 2)
+   * each consumer warp's epilogue staging buffer (kWgEpiWarpBytes) */
   const int table = wg_table_bytes(spec->experts) + (pp ? 16 : 0);
-  p->wg_stages = wg_stages(want, stage_bytes, table);
-  p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16) + table);
+  const int epi = which == 2 ? consumers * 4 * MJ_WG_EPI_WARP_BYTES : 0;
+  p->wg_stages = wg_stages(want, stage_bytes, epi + table);
+  p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16) + epi + table);
   p->wg_box_a_rows = tm;
   /* cluster_m 2: CTA pairs along M; each loads half of the weight tile (for
    * GEMM 1 the gate or the up box) and multicasts it to both */

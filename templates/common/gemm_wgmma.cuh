@@ -8,6 +8,7 @@
 #ifndef MOEJIT_COMMON_GEMM_WGMMA_CUH
 #define MOEJIT_COMMON_GEMM_WGMMA_CUH
 
+#include "common/gemm_epilogue.cuh"
 #include "common/gemm_mainloop.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_wgmma_mma.cuh"
@@ -30,6 +31,12 @@ struct alignas(64) mj_tmap {
 // KiB) less 1 KiB for static shared memory.
 enum : int { kWgSmemBudget = 232448 - 1024 };
 
+// The epilogue's staging buffer of each consumer warp (mj_wg_store_rows):
+// 16 rows x 64 columns of a 2-byte type, rows 144 bytes apart (16 bytes of
+// padding: the 8 rows that one stmatrix matrix or 8 lanes' reads touch fall
+// in 8 distinct 16-byte bank groups).
+enum : int { kWgEpiRowBytes = 144, kWgEpiWarpBytes = 16 * kWgEpiRowBytes };
+
 // Stages: the spec's bytes of K in flight (stages * tile_k) in 64-wide
 // k-tiles, 2..16, fewer when they would not fit the budget beside `extra`
 // bytes (the persistent scheduler's per-expert tile table).
@@ -51,7 +58,8 @@ __host__ __device__ constexpr int mj_wg_table_bytes(int experts) {
 // warpgroups, each computing whole tiles, alternate tiles, so one stores
 // while the other multiplies. K-tiles are 64 elements: one 128-byte swizzle
 // atom per row.
-template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0> struct mj_wg_shape {
+template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0, int EPI = 0>
+struct mj_wg_shape {
   enum : int { kTM = TM < 64 ? 64 : TM };
   enum : bool { kPingPong = PP != 0 };
   enum : int { kConsumers = PP || kTM >= 128 ? 2 : 1 };
@@ -64,10 +72,13 @@ template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0> struct mj
   enum : int { kStageBytes = kStageA + kStageB };
   // the tile table, after (ping-pong) the two warpgroups' order barriers
   enum : int { kTableBytes = mj_wg_table_bytes(EXPERTS) + (PP ? 16 : 0) };
-  enum : int { kStages = mj_wg_stages(STAGES * TK / 64, kStageBytes, kTableBytes) };
+  // EPI = 1: a staging buffer per consumer warp for mj_wg_store_rows
+  enum : int { kEpiBytes = EPI ? kConsumers * 4 * kWgEpiWarpBytes : 0 };
+  enum : int { kStages = mj_wg_stages(STAGES * TK / 64, kStageBytes, kEpiBytes + kTableBytes) };
   // +1024: the tiles start at the next 1024-byte boundary (swizzle atoms);
-  // 16 bytes per stage: its full and empty mbarriers; then the tile table.
-  enum : int { kSmemBytes = 1024 + kStages * (kStageBytes + 16) + kTableBytes };
+  // then the epilogue's staging buffers; 16 bytes per stage: its full and
+  // empty mbarriers; then the tile table.
+  enum : int { kSmemBytes = 1024 + kStages * (kStageBytes + 16) + kEpiBytes + kTableBytes };
   enum : int { kAcc = kTN / 2 };  // fp32 accumulators per thread per m64 block
   // The register budget: at most 128 accumulators per consumer thread.
   enum : bool { kFits = kMB * kTN <= 256 && kTN >= 32 && kTN <= 256 && kTN % 32 == 0 };
@@ -80,11 +91,16 @@ template <int TM, int TN, int TK, int STAGES, int EXPERTS, int PP = 0> struct mj
     const int t = threadIdx.x & 127;
     return (PP ? 0 : c * kWgRows) + mb * 64 + (t >> 5) * 16 + ((t & 31) >> 2) + half * 8;
   }
+  // The first of the 16 rows of m64 block mb that this thread's warp holds.
+  __device__ static int warp_row(int c, int mb) {
+    return (PP ? 0 : c * kWgRows) + mb * 64 + ((threadIdx.x & 127) >> 5) * 16;
+  }
 };
 
 // The narrow decode tile: 64 x 128, 8 stages of 64-wide k-tiles, one
 // consumer warpgroup (src/ops/gemm_plan.c: MJ_WG_NARROW_*).
-template <int EXPERTS> using mj_wg_narrow = mj_wg_shape<64, 128, 64, 8, EXPERTS>;
+template <int EXPERTS, int EPI = 0>
+using mj_wg_narrow = mj_wg_shape<64, 128, 64, 8, EXPERTS, 0, EPI>;
 
 // The spec's cluster_m (MJ_CLUSTER_M, from the GEMM prelude): 2 pairs CTAs
 // along M, which share each weight tile by TMA multicast (sm_90a only); the
@@ -230,18 +246,23 @@ template <int N> __device__ __forceinline__ void mj_setmaxnreg_dec() {
 // ---- the kernel core ------------------------------------------------------
 
 // Shared memory layout from the 1024-aligned base: kStages A tiles
-// [kTM][64], kStages B tiles [kTN][64] (each row 128 swizzled bytes), then
-// full[kStages] and empty[kStages] mbarriers (8 bytes each), then the tile
-// table (int [EXPERTS + 1]).
+// [kTM][64], kStages B tiles [kTN][64] (each row 128 swizzled bytes), the
+// consumer warps' epilogue staging buffers (kWgEpiWarpBytes each, warp w of
+// consumer c at c * 4 + w), then full[kStages] and empty[kStages] mbarriers
+// (8 bytes each), then the tile table (int [EXPERTS + 1]).
 template <class S> struct mj_wg_smem {
   unsigned a, b, full, empty, order, table;
   __device__ explicit mj_wg_smem(unsigned raw) {
     a = (raw + 1023u) & ~1023u;
     b = a + S::kStages * S::kStageA;
-    full = b + S::kStages * S::kStageB;
+    full = b + S::kStages * S::kStageB + S::kEpiBytes;
     empty = full + S::kStages * 8;
     order = empty + S::kStages * 8;                  // ping-pong: done[2]
     table = order + (S::kPingPong ? 16 : 0);
+  }
+  // the staging buffer of warp w of consumer c
+  __device__ unsigned epi(int c, int w) const {
+    return b + S::kStages * S::kStageB + (unsigned)((c * 4 + w) * kWgEpiWarpBytes);
   }
 };
 
@@ -577,10 +598,99 @@ __device__ __forceinline__ void mj_wg_skip(const mj_wg_smem<S> &sm, mj_wg_ring &
   }
 }
 
+// Four 8x8 matrices of 16-bit elements from registers in the mma
+// accumulator layout (register j: matrix j's row lane / 4, columns 2 * (lane
+// % 4) and +1) to shared memory; lane l gives the address of row l % 8 of
+// matrix l / 8.
+__device__ __forceinline__ void mj_stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// Stores the 16 rows of an m64 accumulator block that one consumer warp
+// holds (rows row0 .. row0 + 15 of out, leading dimension ld; those at or
+// past row_end are not written), NG n8 groups of columns from col0 (groups
+// at or past limit are not written; col0 and limit multiples of 8).
+// pair(i, half, &v0, &v1) gives the thread's two values of group i in row
+// half (0: row lane / 4, 1: 8 rows further), as in the accumulators. Per 64
+// columns the warp writes its 16 x 64 piece to its staging buffer `buf`
+// (kWgEpiWarpBytes, padded rows) with four stmatrix.x4, then each lane
+// reads back 16-byte row pieces and stores them: a warp store covers 4 rows
+// x 128 bytes, and the whole row piece costs 4 stmatrix, 4 shared loads and
+// 4 global stores a thread, where the quad transpose of mj_store_acc_row
+// spends 48 selects and 16 shuffles. Tiles whose width is not a multiple of
+// 64 columns take mj_store_acc_row. `keep`: evict_last stores
+// (mj_keep_output).
+template <typename T, int NG, class Pair>
+__device__ __forceinline__ void mj_wg_store_rows(T *out, long long ld, int row0, int row_end,
+                                                 int col0, int limit, unsigned buf,
+                                                 const Pair &pair, bool keep) {
+  static_assert(mj_dtype<T>::kBytes == 2, "mj_wg_store_rows: 2-byte outputs");
+  const int lane = (int)(threadIdx.x & 31u);
+  if constexpr (NG % 8 != 0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + (lane >> 2) + 8 * half;
+      mj_store_acc_row<T, NG>(
+          out + (long long)row * ld, col0, limit, row < row_end,
+          [&](int i, float *v0, float *v1) { pair(i, half, v0, v1); }, keep);
+    }
+  } else {
+    if (row0 >= row_end) return;  // the warp's rows all lie past the expert's end
+    // stmatrix p: lane gives row lane % 8 of matrix lane / 8, which holds
+    // group 2p + lane / 16, rows 8 * (lane / 8 % 2) .. +7
+    const unsigned st =
+        buf + (((lane >> 3) & 1) * 8 + (lane & 7)) * kWgEpiRowBytes + (lane >> 4) * 16;
+    // read back: lane reads chunk lane % 8 of rows lane / 8 + 4j
+    const int rrow = lane >> 3, rchunk = lane & 7;
+    const unsigned ld_addr = buf + rrow * kWgEpiRowBytes + rchunk * 16;
+    // this lane's rows (4j) and columns (64c) left to write, and where they go
+    const int rows = row_end - row0 - rrow, cols = limit - col0 - 8 * rchunk;
+    T *const dst0 = out + (long long)(row0 + rrow) * ld + col0 + 8 * rchunk;
+#pragma unroll
+    for (int c = 0; c < NG / 8; ++c) {
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        unsigned r[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          float v0, v1;
+          pair(8 * c + 2 * p + (m >> 1), m & 1, &v0, &v1);
+          r[m] = mj_pack2<T>(v0, v1);
+        }
+        mj_stmatrix_x4(st + 32 * p, r);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint4 v;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(ld_addr + 4 * j * kWgEpiRowBytes)
+                     : "memory");
+        if (4 * j < rows && 64 * c < cols) {
+          T *dst = dst0 + 4 * j * ld + 64 * c;
+          if (keep) {
+            const unsigned long long policy = mj_l2_evict_last();
+            asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst),
+                         "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
+                         : "memory");
+          } else {
+            *reinterpret_cast<uint4 *>(dst) = v;
+          }
+        }
+      }
+      __syncwarp();  // the buffer is read before the next piece overwrites it
+    }
+  }
+}
+
 // The persistent grouped GEMM: barrier and tile-table setup, then the
 // warp-specialized pipeline over the CTA's work items (mj_wg_item). For each
-// tile, w_rows(t, &w_row0, &w_row1) names its B rows and epi(acc, c, t)
-// stores it in each consumer thread. Every thread of the block calls it. CM
+// tile, w_rows(t, &w_row0, &w_row1) names its B rows and epi(acc, c, t, buf)
+// stores it in each consumer thread (buf: the shared address of the warp's
+// staging buffer, for mj_wg_store_rows). Every thread of the block calls it. CM
 // (1 or 2) is the cluster size along M: the kernel entry must then carry
 // __cluster_dims__(CM, 1, 1) and the grid be a multiple of CM.
 template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, class WRows,
@@ -703,7 +813,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
         if (signals) mj_mbar_arrive(sm.order + c * 8);
         ring.skip<S>((K + 63) / 64); // the other warpgroup's next tile
       }
-      epi(acc, c, t);
+      epi(acc, c, t, sm.epi(c, (threadIdx.x & 127) >> 5));
     }
   }
   // No CTA leaves while its peer may still arrive on its barriers.

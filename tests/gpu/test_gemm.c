@@ -760,6 +760,9 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(p.n_tiles, 2048 / 128);
   cr_assert_eq(p.wg_box_a_rows, 128);
   cr_assert_eq(p.wg_box_w_rows, 128);
+  /* GEMM 2 adds each consumer warp's epilogue staging (16 rows of 144 bytes) */
+  cr_assert_eq(p.wg_stages, 4);
+  cr_assert_eq(p.smem_bytes, 1024u + 4u * ((128 + 128) * 128 + 16) + 8u * 16 * 144 + 528u);
   /* tile_k 32 with 3 stages is 1.5 64-wide k-tiles: 2 stages */
   s.gemm2 = cfg(16, 64, 32, 3, 4, 0);
   setenv("MOEJIT_GEMM_WGMMA_NARROW", "0", 1);
