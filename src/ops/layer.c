@@ -368,13 +368,12 @@ static unsigned decode_blocks(const moejit_model *m, int64_t units) {
 }
 
 /* Whether GEMM 1 of the decode layer pulls the active experts' W2 into L2
- * for GEMM 2: where it fits in 70% of L2 ($MOEJIT_DECODE_PREFETCH=0 or 1
- * overrides). */
-static int decode_prefetch(const moejit_model *m, int64_t active) {
-  const double w2 = (double)active * (double)m->spec.hidden * (double)m->spec.expert_width *
-                    (double)moejit_dtype_size(m->spec.weight_dtype);
-  const double l2 = (double)mj_ctx_l2_bytes(m->ctx);
-  return mj_env_switch("MOEJIT_DECODE_PREFETCH", l2 > 0 && w2 <= 0.7 * l2);
+ * for GEMM 2: only when $MOEJIT_DECODE_PREFETCH=1 asks for it. It pays only
+ * where L2 still holds W2 from the call before (the same layer called again
+ * and again): from a cold L2, as in a model, the layer took 43-44 µs with it
+ * against 35.8 without (qwen3-30b-a3b, T = 1, an H100; docs/layer.md). */
+static int decode_prefetch(void) {
+  return mj_env_switch("MOEJIT_DECODE_PREFETCH", 0);
 }
 
 static moejit_status decode_kernel(const moejit_model *m, const mj_gemm_choice *c, int which,
@@ -401,7 +400,7 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   const unsigned block[3] = {MJ_GEMV_WARPS * 32u, 1, 1};
   const unsigned grid1[3] = {decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS)), 1, 1};
   const unsigned grid2[3] = {decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS)), 1, 1};
-  int prefetch = decode_prefetch(m, active);
+  int prefetch = decode_prefetch();
   void *p1[] = {&logits, &bias, &x, &w1, &h, &ids, &weights, &tokens, &counters, &w2, &prefetch};
   void *p2[] = {&h, &w2, &ids, &weights, &tokens, &out, &part, &counters};
   st = moejit_kernel_launch(m->ctx, k1, grid1, block, 0, stream, p1);

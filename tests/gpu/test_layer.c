@@ -464,6 +464,12 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
     snprintf(what, sizeof what, "%s d=%lld f=%lld k=%d", cases[c].preset,
              (long long)cases[c].hidden, (long long)cases[c].width, cases[c].top_k);
     for (int i = 0; i < 4 && cases[c].tokens[i]; i++) decode_case(&io, cases[c].tokens[i], &rng, what);
+    /* GEMM 1 pulling W2 into L2 for GEMM 2 (off unless asked for) */
+    char pf[160];
+    snprintf(pf, sizeof pf, "%s, W2 prefetched", what);
+    setenv("MOEJIT_DECODE_PREFETCH", "1", 1);
+    decode_case(&io, cases[c].tokens[0], &rng, pf);
+    unsetenv("MOEJIT_DECODE_PREFETCH");
     if (cases[c].hot) {
       logits_hot(&io, cases[c].hot, &rng);
       char hot[224];
