@@ -165,7 +165,7 @@ moejit_gemm2_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, a
 // are GEMM 2's GEMV units (an active expert's entries x kGemv2Cols output
 // columns), written as fp32 partial rows part[p] (no rounding to act_t).
 // Each column group g has a counter (zeroed by the first launch): a unit
-// adds its rows to it after a fence, and the unit that brings it to all the
+// adds its rows to it with a release, and the unit that brings it to all the
 // entries combines the group: out[t, cols] = sum over j of weights[t, j] *
 // part[t * kTopK + j, cols], in j order, fp32, then resets the counter. So
 // the sum's order is fixed whichever unit finishes last: deterministic.
@@ -191,13 +191,23 @@ template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
       for (int c = 0; c < C; ++c) v[c] = acc[c][r];
       mj_store_floats<float, C>(part + (long long)map.out_row(r) * kHidden + n0, v);
     }
-    __threadfence(); // this lane's partials before the count
+    // The warp's partials, ordered before lane 0's count by the warp
+    // barrier, are released with it; the unit that completes the group
+    // acquires every unit's partials with its count, and the barrier passes
+    // them on to its other lanes (one gpu-scope atomic per unit, no fence
+    // per lane).
     __syncwarp();
     unsigned done = 0;
-    if (lane == 0) done = atomicAdd(counters + g, (unsigned)rows) + (unsigned)rows;
+    if (lane == 0) {
+      asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+                   : "=r"(done)
+                   : "l"(counters + g), "r"((unsigned)rows)
+                   : "memory");
+      done += (unsigned)rows;
+    }
     done = __shfl_sync(MJ_FULL_MASK, done, 0);
     if (done != (unsigned)entries) return;
-    __threadfence(); // the other units' partials after their counts
+    __syncwarp();
     const int t = lane / C, c = lane % C, tokens = entries / kTopK;
     if (t < tokens) {
       float v = 0.f;
