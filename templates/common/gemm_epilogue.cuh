@@ -49,6 +49,20 @@ __device__ __forceinline__ bool mj_keep_output(int max_rows, int cols) {
   return (long long)max_rows * cols * (long long)sizeof(T) <= kMjKeepOutputBytes;
 }
 
+// 16 bytes to p (16-byte aligned); `keep` (mj_keep_output): with the L2
+// evict_last policy.
+template <typename T>
+__device__ __forceinline__ void mj_store16(T *p, const uint4 &v, bool keep) {
+  if (keep) {
+    const unsigned long long policy = mj_l2_evict_last();
+    asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
+                 : "memory");
+  } else {
+    *reinterpret_cast<uint4 *>(p) = v;
+  }
+}
+
 // Stores one accumulator row of a thread's NI n8 groups: pair(i, &v0, &v1)
 // gives the thread's two values of columns col0 + 8i + 2q and +1 (q = lane %
 // 4, the mma/wgmma accumulator layout; the 4 lanes of a quad hold the same
@@ -103,17 +117,7 @@ __device__ __forceinline__ void mj_store_acc_row(T *row_ptr, int col0, int limit
         a[3] = r1;
       }
       const int col = col0 + 32 * m + 8 * q;
-      if (store && col < limit) {
-        if (keep) {
-          const unsigned long long policy = mj_l2_evict_last();
-          asm volatile(
-              "st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(row_ptr + col),
-              "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(policy)
-              : "memory");
-        } else {
-          *reinterpret_cast<uint4 *>(row_ptr + col) = make_uint4(a[0], a[1], a[2], a[3]);
-        }
-      }
+      if (store && col < limit) mj_store16(row_ptr + col, make_uint4(a[0], a[1], a[2], a[3]), keep);
     }
   } else {
 #pragma unroll

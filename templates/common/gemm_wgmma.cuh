@@ -260,9 +260,9 @@ template <class S> struct mj_wg_smem {
     order = empty + S::kStages * 8;                  // ping-pong: done[2]
     table = order + (S::kPingPong ? 16 : 0);
   }
-  // the staging buffer of warp w of consumer c
+  // the staging buffer of warp w of consumer c (the buffers end at full)
   __device__ unsigned epi(int c, int w) const {
-    return b + S::kStages * S::kStageB + (unsigned)((c * 4 + w) * kWgEpiWarpBytes);
+    return full - S::kEpiBytes + (unsigned)((c * 4 + w) * kWgEpiWarpBytes);
   }
 };
 
@@ -669,17 +669,7 @@ __device__ __forceinline__ void mj_wg_store_rows(T *out, long long ld, int row0,
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "r"(ld_addr + 4 * j * kWgEpiRowBytes)
                      : "memory");
-        if (4 * j < rows && 64 * c < cols) {
-          T *dst = dst0 + 4 * j * ld + 64 * c;
-          if (keep) {
-            const unsigned long long policy = mj_l2_evict_last();
-            asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst),
-                         "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
-                         : "memory");
-          } else {
-            *reinterpret_cast<uint4 *>(dst) = v;
-          }
-        }
+        if (4 * j < rows && 64 * c < cols) mj_store16(dst0 + 4 * j * ld + 64 * c, v, keep);
       }
       __syncwarp();  // the buffer is read before the next piece overwrites it
     }
