@@ -88,8 +88,7 @@ struct mj_wg_shape {
   // t of the warpgroup holds rows 16*(t/32) + (t%32)/4 (+8), columns
   // 8*i + 2*(t%4) (+1), in acc[4*i + 2*half + 0..1]).
   __device__ static int row(int c, int mb, int half) {
-    const int t = threadIdx.x & 127;
-    return (PP ? 0 : c * kWgRows) + mb * 64 + (t >> 5) * 16 + ((t & 31) >> 2) + half * 8;
+    return warp_row(c, mb) + ((threadIdx.x & 31) >> 2) + half * 8;
   }
   // The first of the 16 rows of m64 block mb that this thread's warp holds.
   __device__ static int warp_row(int c, int mb) {
