@@ -285,7 +285,9 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   const int epi = which == 2 ? consumers * 4 * MJ_WG_EPI_WARP_BYTES : 0;
   p->wg_stages = wg_stages(want, stage_bytes, epi + table);
   p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16) + epi + table);
-  p->wg_box_a_rows = tm;
+  /* cooperative 256-row tiles load A in 64-row boxes, only those holding
+   * rows of the tile's expert (mj_wg_shape::kBoxA) */
+  p->wg_box_a_rows = !pp && tm == 256 ? 64 : tm;
   /* cluster_m 2: CTA pairs along M; each loads half of the weight tile (for
    * GEMM 1 the gate or the up box) and multicasts it to both */
   p->wg_cluster = !narrow && g->cluster_m == 2 ? 2 : 1;

@@ -246,7 +246,8 @@ int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_
   const mj_gemm_plan *p = &gemm1->plan;
   if (!p->use_wgmma || p->wg_narrow) return 0;
   int want = p->tile_m == 64;
-  if (!want && !p->wg_pingpong && p->wg_cluster == 1 && spec->expert_width <= 2048) {
+  if (!want && p->tile_m == 128 && !p->wg_pingpong && p->wg_cluster == 1 &&
+      spec->expert_width <= 2048) {
     const double x =
         (double)tokens * (double)spec->hidden * (double)moejit_dtype_size(spec->act_dtype);
     const double share = 2048.0 / (double)spec->expert_width;

@@ -80,6 +80,13 @@ struct mj_wg_shape {
   // empty mbarriers; then the tile table.
   enum : int { kSmemBytes = 1024 + kStages * (kStageBytes + 16) + kEpiBytes + kTableBytes };
   enum : int { kAcc = kTN / 2 };  // fp32 accumulators per thread per m64 block
+  // Cooperative 256-row tiles multiply and load only the m64 blocks that
+  // hold rows of the tile's expert: a consumer whose 128 rows end within its
+  // first block runs one block, one without rows waits out the tile
+  // (docs/gemm.md, "256-row tiles"). A comes in boxes of 64 rows there, one
+  // per block that holds rows (src/ops/gemm_plan.c: wg_box_a_rows).
+  enum : bool { kBlockSkip = !PP && kMB == 2 };
+  enum : int { kBoxA = kBlockSkip ? 64 : kTM };
   // The register budget: at most 128 accumulators per consumer thread.
   enum : bool { kFits = kMB * kTN <= 256 && kTN >= 32 && kTN <= 256 && kTN % 32 == 0 };
 
@@ -425,15 +432,26 @@ __device__ __forceinline__ void mj_wg_load_b(unsigned b, const mj_tmap *tw, int 
 template <class S, int K, bool kSplitB, int CM>
 __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
                                               const mj_tmap *ta, const mj_tmap *tw, int a_row0,
-                                              int w_row0, int w_row1, unsigned rank) {
+                                              int a_rows, int w_row0, int w_row1, unsigned rank) {
   constexpr int kTiles = (K + 63) / 64;
+  // kBlockSkip: A boxes of 64 rows, only those that hold the tile's rows
+  // (a_rows of them from a_row0); otherwise one box of kTM rows
+  int boxes = 1;
+  if constexpr (S::kBlockSkip) {
+    boxes = (a_rows + S::kBoxA - 1) / S::kBoxA;
+    boxes = boxes < 0 ? 0 : (boxes > S::kTM / S::kBoxA ? S::kTM / S::kBoxA : boxes);
+  }
+  const unsigned bytes = (unsigned)(boxes * S::kBoxA * 128 + S::kStageB);
 #pragma unroll 1
   for (int kt = 0; kt < kTiles; ++kt) {
     const unsigned full = sm.full + ring.s * 8;
     mj_mbar_wait(sm.empty + ring.s * 8, ring.phase ^ 1u); // consumers are done with this stage
-    mj_mbar_expect_tx(full, S::kStageBytes);
+    mj_mbar_expect_tx(full, bytes);
     const int k0 = kt * 64;
-    mj_tma_load_2d(sm.a + ring.s * S::kStageA, ta, k0, a_row0, full);
+    const unsigned a = sm.a + ring.s * S::kStageA;
+#pragma unroll 1
+    for (int j = 0; j < boxes; ++j)
+      mj_tma_load_2d(a + j * S::kBoxA * 128, ta, k0, a_row0 + j * S::kBoxA, full);
     mj_wg_load_b<S, kSplitB, CM>(sm.b + ring.s * S::kStageB, tw, k0, w_row0, w_row1, rank, full);
     ring.next<S>();
   }
@@ -537,11 +555,12 @@ template <int CM> __device__ __forceinline__ void mj_wg_release(unsigned empty_b
 }
 
 // A consumer warpgroup (c = 0 or 1): rows [c * kWgRows, +kWgRows) of the tile
-// against all kTN B rows, summed over K into acc. Each k-tile's wgmmas form
+// against all kTN B rows, summed over K into acc; only its first kActive
+// m64 blocks are multiplied (the others stay zero). Each k-tile's wgmmas form
 // one group; once the group before it has completed, that stage goes back to
 // the producer (one arrival per consumer warp); the last stage goes back
 // when all are done.
-template <class S, typename T, int K, int CM, bool kGather = false>
+template <class S, typename T, int K, int CM, bool kGather = false, int kActive = S::kMB>
 __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_ring &ring, int c,
                                               float (&acc)[S::kMB][S::kAcc]) {
   constexpr int kTiles = (K + 63) / 64;
@@ -566,7 +585,8 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
     for (int kk = 0; kk < 4; ++kk) {
       const unsigned long long db = mj_wg_desc(b + kk * 32);
 #pragma unroll
-      for (int mb = 0; mb < S::kMB; ++mb) Op::mma(acc[mb], mj_wg_desc(a + mb * 64 * 128 + kk * 32), db);
+      for (int mb = 0; mb < kActive; ++mb)
+        Op::mma(acc[mb], mj_wg_desc(a + mb * 64 * 128 + kk * 32), db);
     }
     mj_wgmma_commit();
     mj_wgmma_wait<1>(); // k-tile kt-1's wgmmas are done: its stage is free
@@ -762,7 +782,8 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
         if (empty(t)) continue;
         int w_row0, w_row1;
         w_rows(t, &w_row0, &w_row1);
-        mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, w_row0, w_row1, rank);
+        mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, t.row_end - t.row0, w_row0,
+                                         w_row1, rank);
       }
     }
   } else {
@@ -793,7 +814,23 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       // (an expert's last M-tile) lets its CTA run ahead of the CTAs that
       // share the weight tile, and L2 loses it (deepseek-v3 T = 16384 GEMM
       // 1: 28.7 against 16.0 ms on an H100).
-      if (kSplit && w >= q.whole && c == 1) {  // a half: consumer 0's rows
+      if constexpr (S::kBlockSkip) {
+        // 256-row tiles: the expert's rows in this consumer's 128 (a split
+        // half's rows are all consumer 0's). Experts of up to 256 rows have
+        // one M-tile, so no other CTA shares the weight tile and running
+        // ahead loses nothing; with more, only the expert's last M-tile is
+        // short.
+        const int left = t.row_end - t.row0 - c * S::kWgRows;
+        if (left <= 0) {
+          mj_wg_skip<S, K, CM>(sm, ring);
+          continue;
+        }
+        if (left <= 64) {
+          mj_wg_consume<S, T, K, CM, kGather, 1>(sm, ring, c, acc);
+          epi(acc, c, t, sm.epi(c, (threadIdx.x & 127) >> 5));
+          continue;
+        }
+      } else if (kSplit && w >= q.whole && c == 1) {  // a half: consumer 0's rows
         mj_wg_skip<S, K, CM>(sm, ring);
         continue;
       }

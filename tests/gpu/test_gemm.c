@@ -411,6 +411,31 @@ Test(gemm, wgmma_splits_the_last_round) {
   moejit_ctx_destroy(ctx);
 }
 
+static void keep_cfg(moejit_gemm_cfg *g) {
+  (void)g;
+}
+
+/* Cooperative 256-row tiles multiply and load only the m64 blocks holding
+ * rows of the tile's expert: last M-tiles of 1 and 64 rows (consumer 0 on
+ * one block, consumer 1 without rows), 129 and 192 (consumer 1 on one
+ * block), 193 (on both), 44 (300 = 256 + 44), 255 (511) and 32 (800 = 3 x
+ * 256 + 32), along M and along N. With d = 1288 and f = 648 both GEMMs have
+ * 13 M-tiles x 11 n-tiles = 143 tiles, so on 132 CTAs the last round is
+ * split into halves too; cluster pairs on a smaller shape. */
+Test(gemm, wgmma_256_row_tiles_skip_empty_blocks) {
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
+  static const int32_t counts[8] = {1, 64, 129, 192, 193, 300, 800, 511};
+  const moejit_gemm_cfg tiles[] = {cfg(256, 128, 64, 4, 8, 0), cfg(256, 128, 64, 4, 8, 1)};
+  run_wgmma_tiles_counts(ctx, 1288, 648, tiles, 2, keep_cfg, "256-row tiles", counts);
+  run_wgmma_tiles_counts(ctx, 520, 328, tiles, 1, pair_along_m, "256-row tiles in pairs", counts);
+  mj_gemm_plan p;
+  moejit_spec s = make_spec(1288, 648, 8, MOEJIT_DTYPE_BF16, tiles[0]);
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_WGMMA, 3000, "sm_90a", &p), MOEJIT_OK,
+               "%s", moejit_last_error());
+  cr_assert_eq(p.wg_box_a_rows, 64, "256-row tiles load A in 64-row boxes");
+  moejit_ctx_destroy(ctx);
+}
+
 /* schedule pingpong on the wgmma path: two consumer warpgroups alternate
  * whole tiles (each CTA takes several tiles: odd and even counts per CTA,
  * ragged N and K with more k-tiles than stages, uneven routing). */
@@ -607,6 +632,7 @@ Test(gemm, wgmma_gathers_rows) {
       {cfg(64, 256, 64, 4, 8, 1), pingpong, 2, "64x256 pingpong"},
       {cfg(128, 128, 64, 4, 8, 0), pair_along_m, 1, "128x128 cluster pairs"},
       {cfg(128, 128, 64, 2, 8, 0), NULL, 3, "two stages (no lag)"},
+      {cfg(256, 128, 64, 4, 8, 1), NULL, 8, "256x128 along N: m64 blocks without rows skipped"},
       {cfg(64, 128, 64, 3, 8, 0), NULL, 4, "three stages"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
