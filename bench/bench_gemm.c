@@ -207,6 +207,10 @@ typedef struct gemm_run {
   int dense_turn; /* dense only: launches so far, picks the expert */
 } gemm_run;
 
+/* GEMM 1's rounds-in-step words (moejit_gemm_args.round_sync): zeroed once,
+ * left zero by every launch; the library decides where they are used. */
+static uint32_t *g_round_sync;
+
 static int launch_ours(void *state, int set, char *why) {
   const gemm_run *r = state;
   io_set *io = &r->sets[set];
@@ -216,7 +220,8 @@ static int launch_ours(void *state, int set, char *why) {
                         .expert_offsets = io->offsets,
                         .row_scale = r->which == 2 ? io->scale : NULL,
                         .max_rows = r->rows,
-                        .path = r->path};
+                        .path = r->path,
+                        .round_sync = r->which == 1 ? g_round_sync : NULL};
   moejit_status st = r->which == 1 ? moejit_gemm1_swiglu(r->ctx, r->s, &a, r->stream)
                                    : moejit_gemm2(r->ctx, r->s, &a, r->stream);
   if (st == MOEJIT_OK) return 0;
@@ -788,10 +793,13 @@ int main(int argc, char **argv) {
     printf("# peers: %s (dense, loop, grouped), bf16 in and out, fp32 sums\n", peers_name(g_peers));
   else
     printf("# peers: n/a: %s\n", g_peers_why);
+  CHECK(moejit_mem_alloc(ctx, 8, NULL, (void **)&g_round_sync));
+  CHECK(moejit_memset_d32(ctx, g_round_sync, 0, 2, stream));
   make_chunk(MOEJIT_DTYPE_BF16);
   for (int i = 0; i < n_presets; i++) bench_preset(ctx, presets[i], tokens, n_tokens, iters, stream);
   print_table();
   peers_destroy(g_peers);
+  moejit_mem_free(ctx, g_round_sync, NULL);
   moejit_stream_destroy(ctx, stream);
   moejit_ctx_destroy(ctx);
   if (g_csv && fclose(g_csv)) return perror(csv_path), 1;

@@ -45,7 +45,7 @@ filter_for() { # binary class
     test_align:race) echo 'align_gpu/@(expert_ranges_drop_the_other_experts|bad_arguments_are_refused_before_launching)' ;;
     test_combine:full) echo 'combine_gpu/!(preset_shapes_at_16384_tokens)' ;;
     test_combine:race) echo 'combine_gpu/every_dtype_pair_small_and_odd_sizes' ;;
-    test_gemm:full) echo 'gemm/@(tile_configs_on_ragged_shape_bf16|fp16_and_simt_paths|routing_edge_cases|wgmma_cluster_pairs|wgmma_256_row_tiles_skip_empty_blocks|argument_checks|tile_straddling_experts)' ;;
+    test_gemm:full) echo 'gemm/@(tile_configs_on_ragged_shape_bf16|fp16_and_simt_paths|routing_edge_cases|wgmma_cluster_pairs|wgmma_256_row_tiles_skip_empty_blocks|wgmma_rounds_in_step|argument_checks|tile_straddling_experts)' ;;
     test_gemm:race) echo 'gemm/@(routing_edge_cases|tile_straddling_experts|wgmma_cluster_pairs)' ;;
     test_layer:full) echo 'layer/@(olmoe_1b_7b_matches_reference|graph_replay_equals_eager_bitwise|capture_needs_a_real_stream|bad_arguments_are_refused_before_launching)' ;;
     test_layer:race) echo 'layer/@(capture_needs_a_real_stream|bad_arguments_are_refused_before_launching)' ;;

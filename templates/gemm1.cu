@@ -262,10 +262,13 @@ typedef mj_wg_narrow<kExperts> Gemm1WgNarrow;
 
 // gather (kGather): A rows from x by index (common/gemm_wgmma.cuh,
 // mj_wg_produce_gather) instead of the TMA map ta of a permuted copy.
+// sync: rounds in step (common/gemm_wgmma.cuh, mj_wg_round_barrier), or NULL.
 template <class S, int CM, bool kGather = false, class Gather = int>
-__device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ h,
+__device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw,
+                                               act_t *__restrict__ h,
                                                const int *__restrict__ offsets, int max_rows,
-                                               const Gather *gather = nullptr) {
+                                               const Gather *gather = nullptr,
+                                               unsigned *sync = nullptr) {
 #if MJ_WGMMA_AVAILABLE
   if constexpr (!kG1Mma || !S::kFits) {
     __trap(); // the host launches another entry for these dtypes/tiles
@@ -306,8 +309,8 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
       mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM, decltype(w_rows), decltype(epi), true>(
           ta, tw, offsets, max_rows, kNTiles, w_rows, epi, gather);
     else
-      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM>(ta, tw, offsets, max_rows, kNTiles, w_rows,
-                                                                 epi);
+      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM>(ta, tw, offsets, max_rows, kNTiles,
+                                                                 w_rows, epi, nullptr, sync);
   }
 #else
   __trap(); // not an sm_90a build
@@ -316,9 +319,12 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
 
 #if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_wgmma)
 extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
-moejit_gemm1_swiglu_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
-                          act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
-  mj_gemm1_wgmma<Gemm1Wg, kWgCluster>(&tmap_a, &tmap_w, h, offsets, max_rows);
+    moejit_gemm1_swiglu_wgmma(const __grid_constant__ mj_tmap tmap_a,
+                              const __grid_constant__ mj_tmap tmap_w, act_t *__restrict__ h,
+                              const int *__restrict__ offsets, int max_rows,
+                              unsigned *__restrict__ round_sync) {
+  mj_gemm1_wgmma<Gemm1Wg, kWgCluster>(&tmap_a, &tmap_w, h, offsets, max_rows,
+                                      static_cast<const int *>(nullptr), round_sync);
 }
 #endif
 

@@ -98,6 +98,17 @@ typedef struct moejit_gemm_args {
   const int32_t *a_index;
   int32_t a_index_div;            /* 1 or more; 0 counts as 1 */
   int64_t a_rows;                 /* rows of `a` when gathering, 1 .. INT32_MAX */
+  /* gemm1 only, optional: 8 bytes of device memory (4-byte aligned), zero
+   * before the first launch that passes them; every launch leaves the first
+   * word zero (the second counts on). Where it pays (the wgmma kernel on the
+   * spec's cooperative tile of 128 or more rows, A read in row order, no
+   * clusters, experts of two M-tiles or more on average; docs/gemm.md
+   * "Rounds in step"), the kernel's CTAs then start each round of
+   * tiles together, so those sharing a weight tile find it in L2; the launch
+   * is cooperative (every CTA resident at once) and falls back to a plain
+   * one where the device cannot hold the grid. One launch at a time per
+   * buffer. NULL: never. */
+  uint32_t *round_sync;
 } moejit_gemm_args;
 
 /* The name of a moejit_gemm_path: "auto", "mma", "simt", "wgmma", "gemv"; "?" for

@@ -34,6 +34,18 @@ typedef struct mj_gemm_plan {
                              mj_gemm_kernel_spec */
 } mj_gemm_plan;
 
+/* 1 when GEMM 1 with this plan and these args keeps its CTAs' rounds of
+ * tiles in step (moejit_gemm_args.round_sync; docs/gemm.md "Rounds in
+ * step"): args->round_sync given, the wgmma kernel on the spec's tile,
+ * cooperative (not ping-pong), no clusters, A read in row order (not
+ * gathering), tile_m >= 128 and max_rows >= 2 * tile_m * experts (two
+ * M-tiles an expert on average: CTAs share weight tiles). Where the tiles
+ * stream weights (64 rows, one M-tile an expert) the barrier measured
+ * slower. $MOEJIT_GEMM_ROUND_SYNC=0 turns it off, =1 on wherever the
+ * kernel can (any tile_m and row count: tests). */
+int mj_gemm1_rounds_in_step(const moejit_spec *spec, const moejit_gemm_args *args,
+                            const mj_gemm_plan *plan);
+
 /* How warps split a tile_m x tile_n tile (templates/common/gemm_config.cuh,
  * mj_gemm_warp_layout: fewest k-splits, then the squarest warp tile). */
 void mj_gemm_warp_layout(int tile_m, int tile_n, int warps, int *wm, int *wn, int *wk);

@@ -43,11 +43,26 @@ static moejit_status check_args(int which, const moejit_spec *spec, const moejit
                      "%s: args->a_rows = %lld is outside 1..%d (the rows of a when gathering)",
                      op, (long long)a->a_rows, INT32_MAX);
   }
+  if (a->round_sync) {
+    if (which != 1)
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                     "%s: args->round_sync is set; only GEMM 1 keeps its rounds in step", op);
+    if ((st = check_ptr(op, "round_sync", a->round_sync, 4))) return st;
+  }
   if (a->max_rows < 0 || a->max_rows > INT32_MAX)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "%s: args->max_rows = %lld is outside 0..%d (row indices are int32)", op,
                    (long long)a->max_rows, INT32_MAX);
   return MOEJIT_OK;
+}
+
+int mj_gemm1_rounds_in_step(const moejit_spec *spec, const moejit_gemm_args *args,
+                            const mj_gemm_plan *plan) {
+  if (!spec || !args || !plan || !args->round_sync || !plan->use_wgmma || plan->wg_narrow ||
+      plan->wg_pingpong || plan->wg_cluster != 1 || args->a_index)
+    return 0;
+  const int want = plan->tile_m >= 128 && args->max_rows >= 2LL * plan->tile_m * spec->experts;
+  return mj_env_switch("MOEJIT_GEMM_ROUND_SYNC", want);
 }
 
 /* A 2-D TMA map over a row-major [rows, k] fp16/bf16 tensor at base: boxes
@@ -109,7 +124,10 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
   const void *x = args->a;
   const int32_t *a_index = args->a_index;
   int a_div = args->a_index_div > 0 ? args->a_index_div : 1, x_rows = (int)args->a_rows;
-  void *params1[] = {&map_a, &map_w, &out, &offsets, &max_rows};
+  /* the spec-tile GEMM 1 entry's last parameter: rounds in step, or NULL */
+  uint32_t *sync =
+      which == 1 && mj_gemm1_rounds_in_step(spec, args, plan) ? args->round_sync : NULL;
+  void *params1[] = {&map_a, &map_w, &out, &offsets, &max_rows, &sync};
   void *params2[] = {&map_a, &map_w, &out, &offsets, &scale, &max_rows};
   void *gather[] = {&map_w, &x, &a_index, &a_div, &x_rows, &out, &offsets, &max_rows};
   /* persistent: one CTA per SM (the pipeline fills the SM's shared memory),
@@ -123,6 +141,13 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
     if (fit >= 2 && fit < sms) sms = fit;
   }
   const unsigned grid[3] = {want < sms ? want : sms, 1, 1};
+  if (sync) { /* the CTAs wait for each other: all resident, or no barrier */
+    int launched = 0;
+    st = mj_kernel_launch_cooperative(ctx, kernel, grid, block, plan->smem_bytes, stream, params1,
+                                      &launched);
+    if (st || launched) return st;
+    sync = NULL;
+  }
   return moejit_kernel_launch(ctx, kernel, grid, block, plan->smem_bytes, stream,
                               args->a_index ? gather : which == 1 ? params1 : params2);
 }

@@ -77,7 +77,7 @@ moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_pr
  * GEMM 1 has consumed xs by the time GEMM 2 writes y. */
 typedef struct ws_layout {
   size_t ids, weights, counts, offsets, sorted_slot, row_of, tile_expert, tile_row_start, num_tiles,
-      align_ws, xs_y, h, decode_counters, total;
+      align_ws, xs_y, h, decode_counters, gemm_sync, total;
   size_t align_bytes;
 } ws_layout;
 
@@ -111,6 +111,7 @@ static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout
   l->xs_y = take(&c, entries <= MOEJIT_GEMV_PASS_ROWS && part > xs_y ? part : xs_y);
   l->h = take(&c, entries * (size_t)s->expert_width * act);
   l->decode_counters = take(&c, (size_t)(s->hidden / MJ_GEMV2_COLS) * 4);
+  l->gemm_sync = take(&c, 8); /* GEMM 1's rounds in step (moejit_gemm_args.round_sync) */
   l->total = c;
   return MOEJIT_OK;
 }
@@ -287,7 +288,13 @@ static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const
                          .path = c->gemm[0].path,
                          .a_index = gather ? (const int32_t *)AT(ws, l->sorted_slot) : NULL,
                          .a_index_div = (int32_t)m->spec.top_k,
-                         .a_rows = tokens};
+                         .a_rows = tokens,
+                         .round_sync = AT(ws, l->gemm_sync)};
+  /* the workspace's words start at zero in every forward that uses them
+   * (its memory is the caller's: any content) */
+  if (mj_gemm1_rounds_in_step(c->gemm[0].spec, &g1, &c->gemm[0].plan) &&
+      (st = moejit_memset_d32(m->ctx, g1.round_sync, 0, 2, stream)))
+    return st;
   if ((st = moejit_gemm1_swiglu(m->ctx, c->gemm[0].spec, &g1, stream))) return st;
   moejit_gemm_args g2 = {.a = AT(ws, l->h),
                          .w = w2,

@@ -205,6 +205,48 @@ moejit_status moejit_kernel_launch(moejit_ctx *ctx, moejit_kernel *kernel, const
   return launch(ctx, "moejit_kernel_launch", &t, grid, block, NULL, smem_bytes, stream, args);
 }
 
+moejit_status mj_kernel_launch_cooperative(moejit_ctx *ctx, moejit_kernel *kernel,
+                                           const unsigned grid[3], const unsigned block[3],
+                                           unsigned smem_bytes, moejit_stream stream, void **args,
+                                           int *launched) {
+  const char *call = "moejit_kernel_launch (cooperative)";
+  *launched = 0;
+  MJ_CHECK_CTX(ctx, call);
+  if (!kernel || kernel->ctx != ctx)
+    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                    "%s: kernel is NULL or belongs to another ctx", call));
+  if (!ctx->d->LaunchKernelEx)
+    return MOEJIT_OK; /* no cuLaunchKernelEx: the caller's plain launch */
+  launch_target t = {kernel->function->fn, kernel->function, &kernel->function->dynamic_smem_limit};
+  moejit_status st = check_launch(ctx, call, &t, grid, block, smem_bytes, args);
+  if (st != MOEJIT_OK) return mj_ctx_fail(ctx, st);
+  if ((st = mj_ctx_enter(ctx)) != MOEJIT_OK) return st;
+  st = raise_smem_limit(ctx, &t, smem_bytes);
+  if (st == MOEJIT_OK) {
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attr.value.cooperative = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
+    cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
+    cfg.sharedMemBytes = smem_bytes;
+    cfg.hStream = (CUstream)stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const CUresult r = ctx->d->LaunchKernelEx(&cfg, t.fn, args, NULL);
+    /* a grid the device cannot hold at once (a partitioned or shared GPU):
+     * nothing was enqueued, the caller launches it another way */
+    if (r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
+      st = mj_cu_check(r, "cuLaunchKernelEx (cooperative)");
+      *launched = st == MOEJIT_OK;
+    }
+  }
+  mj_ctx_leave(ctx);
+  return mj_ctx_fail(ctx, st);
+}
+
 int mj_kernel_active_clusters(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned block[3],
                               unsigned smem, unsigned cluster_x) {
   if (!ctx || !kernel || !kernel->function || cluster_x == 0) return 0;

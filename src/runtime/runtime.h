@@ -30,6 +30,18 @@ const char *mj_ctx_arch(const moejit_ctx *ctx);
 int mj_ctx_sm_count(const moejit_ctx *ctx);
 /* The device's L2 cache bytes (0 when unknown). */
 int mj_ctx_l2_bytes(const moejit_ctx *ctx);
+/* moejit_kernel_launch with every block resident at once (cuLaunchKernelEx,
+ * CU_LAUNCH_ATTRIBUTE_COOPERATIVE), for kernels whose blocks wait for each
+ * other. *launched = 1 when enqueued; 0 with MOEJIT_OK when the driver has
+ * no cuLaunchKernelEx or the device cannot hold the grid at once
+ * (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE): nothing was enqueued, and the
+ * caller launches the kernel another way. Other failures as
+ * moejit_kernel_launch. */
+moejit_status mj_kernel_launch_cooperative(moejit_ctx *ctx, moejit_kernel *kernel,
+                                           const unsigned grid[3], const unsigned block[3],
+                                           unsigned smem_bytes, moejit_stream stream, void **args,
+                                           int *launched);
+
 /* How many clusters of cluster_x CTAs of `kernel` (block, smem dynamic
  * shared bytes) can be resident on the device at once, from
  * cuOccupancyMaxActiveClusters, cached per kernel; 0 when unknown (old

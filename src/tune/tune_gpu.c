@@ -39,6 +39,7 @@ typedef struct gpu {
   int64_t k, n_out; /* of the open group */
   moejit_event ev[MJ_TUNE_MAX_ITERS + 1];
   int n_ev;
+  uint32_t *round_sync; /* GEMM 1's rounds-in-step words, as the layer passes them */
 } gpu;
 
 /* ---- inputs --------------------------------------------------------------------- */
@@ -142,6 +143,9 @@ static moejit_status gpu_open(void *state, const mj_tune_group *grp) {
   gpu *g = state;
   const moejit_spec *s = grp->base;
   moejit_status st = load_weights(g, grp);
+  if (!st && !g->round_sync &&
+      !(st = moejit_mem_alloc(g->ctx, 8, g->stream, (void **)&g->round_sync)))
+    st = moejit_memset_d32(g->ctx, g->round_sync, 0, 2, g->stream);
   if (st) return st;
   g->k = grp->which == 1 ? s->hidden : s->expert_width;
   g->n_out = grp->which == 1 ? s->expert_width : s->hidden;
@@ -180,7 +184,8 @@ static moejit_status launch(gpu *g, const mj_tune_group *grp, const moejit_spec 
                         .out = s->out,
                         .expert_offsets = s->offsets,
                         .max_rows = grp->rows,
-                        .path = path};
+                        .path = path,
+                        .round_sync = grp->which == 1 ? g->round_sync : NULL};
   return grp->which == 1 ? moejit_gemm1_swiglu(g->ctx, spec, &a, g->stream)
                          : moejit_gemm2(g->ctx, spec, &a, g->stream);
 }
@@ -293,6 +298,7 @@ static void gpu_destroy(void *state) {
   if (!g) return;
   free_sets(g);
   free_weights(g);
+  free_ptr(g, (void **)&g->round_sync);
   for (int i = 0; i < g->n_ev; i++) moejit_event_destroy(g->ctx, g->ev[i]);
   if (g->stream) {
     moejit_stream_synchronize(g->ctx, g->stream);

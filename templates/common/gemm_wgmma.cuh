@@ -695,18 +695,56 @@ __device__ __forceinline__ void mj_wg_store_rows(T *out, long long ld, int row0,
   }
 }
 
+// ---- rounds in step ---------------------------------------------------------
+// With a sync word pair (mj_wg_gemm's `sync`), the producer of every CTA
+// waits before each round of tiles after the first (round r: items
+// first + r * grid) until all CTAs' producers have issued the round before,
+// so the CTAs that share a weight tile in a round start it together and L2
+// serves the later ones (docs/gemm.md, "Rounds in step"). sync[0] counts
+// arrivals and is put back to zero by the last one, which then advances
+// sync[1]; the others wait for sync[1] to move. sync[0] must be zero before
+// the first launch and is zero again after each (sync[1] only counts on);
+// every CTA must be resident at once (a cooperative launch). Ordering: the
+// generation is read with acquire before arriving, so a barrier that
+// completes after this CTA's arrival cannot be mistaken for an earlier one,
+// and the last arriver releases its reset with the generation. The
+// barrier orders no data: the GEMM's results do not depend on it.
+__device__ __forceinline__ void mj_wg_round_barrier(unsigned *sync, unsigned n) {
+  unsigned g;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(sync + 1) : "memory");
+  unsigned arrived;
+  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
+               : "=r"(arrived)
+               : "l"(sync)
+               : "memory");
+  if (arrived == n - 1) {
+    // nobody arrives again before the generation moves: a plain store resets
+    asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(sync) : "memory");
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + 1) : "memory");
+  } else {
+    unsigned now;
+    do {
+      __nanosleep(64);
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(sync + 1) : "memory");
+    } while (now == g);
+  }
+}
+
 // The persistent grouped GEMM: barrier and tile-table setup, then the
 // warp-specialized pipeline over the CTA's work items (mj_wg_item). For each
 // tile, w_rows(t, &w_row0, &w_row1) names its B rows and epi(acc, c, t, buf)
 // stores it in each consumer thread (buf: the shared address of the warp's
 // staging buffer, for mj_wg_store_rows). Every thread of the block calls it. CM
 // (1 or 2) is the cluster size along M: the kernel entry must then carry
-// __cluster_dims__(CM, 1, 1) and the grid be a multiple of CM.
+// __cluster_dims__(CM, 1, 1) and the grid be a multiple of CM. sync (CM = 1,
+// A by TMA; NULL: off): rounds in step (mj_wg_round_barrier).
 template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, class WRows,
           class Epi, bool kGather = false>
 __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, const int *offsets,
                                            int max_rows, int n_tiles, const WRows &w_rows,
-                                           const Epi &epi, const mj_wg_gather_src<T> *gather = nullptr) {
+                                           const Epi &epi,
+                                           const mj_wg_gather_src<T> *gather = nullptr,
+                                           unsigned *sync = nullptr) {
   static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
   const mj_wg_smem<S> sm(mj_smem_u32(mj_gemm_smem));
   int *table = reinterpret_cast<int *>(mj_gemm_smem + (sm.table - mj_smem_u32(mj_gemm_smem)));
@@ -775,8 +813,13 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       if (threadIdx.x != 0) return;
       mj_tma_prefetch(ta);
       mj_tma_prefetch(tw);
+      // rounds in step: every CTA meets the others before each round after
+      // the first, also the rounds it has no item in
+      const int rounds = CM == 1 && sync ? (items + stride - 1) / stride : 0;
 #pragma unroll 1
-      for (int w = first; w < items; w += stride) {
+      for (int w = first, r = 0; w < items || r < rounds; w += stride, ++r) {
+        if (r > 0 && r < rounds) mj_wg_round_barrier(sync, (unsigned)stride);
+        if (w >= items) continue;
         const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(
             q, table, offsets, max_rows, n_tiles, w, rank);
         if (empty(t)) continue;

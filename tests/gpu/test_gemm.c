@@ -79,6 +79,7 @@ typedef struct gemm_case {
   int64_t extra_rows;      /* max_rows - offsets[E]: rows that must stay poisoned */
   int with_scale;          /* gemm2 */
   double tolerance;
+  uint32_t *round_sync; /* gemm1: moejit_gemm_args.round_sync, or NULL */
 } gemm_case;
 
 typedef struct gemm_io {
@@ -166,9 +167,12 @@ static double run_case(const gemm_case *c) {
                       (size_t)(s->experts * w_rows * io.k) * moejit_dtype_size(s->weight_dtype)),
       .out = dev_upload(c->ctx, NULL, out_bytes + 16),
       .expert_offsets = dev_upload(c->ctx, io.offsets, sizeof(int32_t) * ((size_t)s->experts + 1)),
-      .row_scale = c->with_scale ? dev_upload(c->ctx, io.scale, sizeof(float) * (size_t)(io.max_rows + 1)) : NULL,
+      .row_scale = c->with_scale
+                       ? dev_upload(c->ctx, io.scale, sizeof(float) * (size_t)(io.max_rows + 1))
+                       : NULL,
       .max_rows = io.max_rows,
-      .path = c->path};
+      .path = c->path,
+      .round_sync = c->round_sync};
   run_once(c, &io, &args, io.out1);
   run_once(c, &io, &args, io.out2);
   size_t valid_bytes = (size_t)(io.rows * io.n_out) * io.esz;
@@ -211,9 +215,9 @@ static double tol_of(moejit_dtype dt) {
 static void run_both(moejit_ctx *ctx, const moejit_spec *s, const int32_t *counts, int64_t extra,
                      moejit_gemm_path path) {
   double tol = tol_of(s->act_dtype);
-  gemm_case c1 = {ctx, s, 1, path, counts, extra, 0, tol};
-  gemm_case c2 = {ctx, s, 2, path, counts, extra, 1, tol};
-  gemm_case c3 = {ctx, s, 2, path, counts, extra, 0, tol};
+  gemm_case c1 = {ctx, s, 1, path, counts, extra, 0, tol, NULL};
+  gemm_case c2 = {ctx, s, 2, path, counts, extra, 1, tol, NULL};
+  gemm_case c3 = {ctx, s, 2, path, counts, extra, 0, tol, NULL};
   run_case(&c1);
   run_case(&c2);
   run_case(&c3);
@@ -335,7 +339,8 @@ static void run_wgmma_tiles_counts(moejit_ctx *ctx, int64_t d, int64_t f,
     tweak(&s.gemm1), tweak(&s.gemm2);
     cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
     for (int which = 1; which <= 2; which++) {
-      gemm_case c = {ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, counts, 5, which == 2, tol_of(s.act_dtype)};
+      gemm_case c = {
+          ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, counts, 5, which == 2, tol_of(s.act_dtype), NULL};
       double err = run_case(&c);
       cr_expect(err <= c.tolerance, "tile %d: gemm%d %s: rel error %.3g", (int)i, which, what, err);
     }
@@ -403,8 +408,8 @@ Test(gemm, wgmma_splits_the_last_round) {
       cr_assert(tiles > grid && rem > 0 && 2 * rem <= grid,
                 "gemm%d: %lld tiles on %lld CTAs should split the last round", which,
                 (long long)tiles, (long long)grid);
-    gemm_case c = {ctx,    &s, which,      MOEJIT_GEMM_PATH_WGMMA,
-                   counts, 5,  which == 2, tol_of(s.act_dtype)};
+    gemm_case c = {
+        ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, counts, 5, which == 2, tol_of(s.act_dtype), NULL};
     double err = run_case(&c);
     cr_expect(err <= c.tolerance, "gemm%d split last round: rel error %.3g", which, err);
   }
@@ -433,6 +438,96 @@ Test(gemm, wgmma_256_row_tiles_skip_empty_blocks) {
   cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_WGMMA, 3000, "sm_90a", &p), MOEJIT_OK,
                "%s", moejit_last_error());
   cr_assert_eq(p.wg_box_a_rows, 64, "256-row tiles load A in 64-row boxes");
+  moejit_ctx_destroy(ctx);
+}
+
+/* The rounds of GEMM 1's persistent schedule a launch of spec runs over
+ * `counts` on this device (CTA b takes items b, b + grid, ...), with the
+ * last round split into halves where the kernel splits it. */
+static int64_t wgmma_rounds(moejit_ctx *ctx, const moejit_spec *s, const int32_t *counts,
+                            int64_t max_rows) {
+  mj_gemm_plan p;
+  cr_assert_eq(mj_gemm_plan_make_for(s, 1, MOEJIT_GEMM_PATH_WGMMA, max_rows, "sm_90a", &p),
+               MOEJIT_OK, "%s", moejit_last_error());
+  int64_t m_tiles = 0;
+  for (int e = 0; e < s->experts; e++) m_tiles += (counts[e] + p.tile_m - 1) / p.tile_m;
+  const int64_t sms = mj_ctx_sm_count(ctx), grid = p.grid < sms ? p.grid : sms;
+  const int64_t tiles = m_tiles * p.n_tiles, rem = tiles % grid;
+  const int split = !p.wg_pingpong && p.tile_m >= 128 && rem > 0 && 2 * rem <= grid;
+  const int64_t items = split ? tiles + rem : tiles;
+  return (items + grid - 1) / grid;
+}
+
+/* GEMM 1 with its rounds in step (moejit_gemm_args.round_sync): 128-row
+ * cooperative tiles over 4320 rows of 8 experts (more than two M-tiles an
+ * expert: the rule turns it on), 39 M-tiles x 11 n-tiles = 429 tiles, on
+ * 132 CTAs three whole rounds and a last one split into halves. Against
+ * the float64 reference with poisoned outputs and a bitwise rerun
+ * (run_case); each launch leaves the first word zero and moves the second
+ * on by one per barrier (rounds - 1). Forced on ($MOEJIT_GEMM_ROUND_SYNC=1)
+ * for a 64-row tile; the rule's refusals. */
+Test(gemm, wgmma_rounds_in_step) {
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
+  static const int32_t counts[8] = {700, 900, 0, 1, 650, 1300, 129, 640};
+  const uint32_t zero[2] = {0, 0};
+  uint32_t *sync = dev_upload(ctx, zero, sizeof zero);
+  int64_t rows = 0;
+  for (int e = 0; e < 8; e++) rows += counts[e];
+  unsetenv("MOEJIT_GEMM_ROUND_SYNC");
+  const moejit_gemm_cfg tiles[2] = {cfg(128, 128, 64, 4, 8, 0), cfg(64, 256, 64, 4, 8, 1)};
+  for (int i = 0; i < 2; i++) {
+    moejit_spec s = make_spec(1288, 648, 8, MOEJIT_DTYPE_BF16, tiles[i]);
+    cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+    mj_gemm_plan p;
+    cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, rows + 5, "sm_90a", &p),
+                 MOEJIT_OK, "%s", moejit_last_error());
+    moejit_gemm_args a = {.max_rows = rows + 5, .round_sync = sync};
+    cr_assert_eq(mj_gemm1_rounds_in_step(&s, &a, &p), i == 0,
+                 "tile %d: on for 128-row tiles at 540 rows an expert, off for 64-row ones", i);
+    if (i == 1) setenv("MOEJIT_GEMM_ROUND_SYNC", "1", 1);
+    cr_assert(mj_gemm1_rounds_in_step(&s, &a, &p));
+    const int64_t barriers = wgmma_rounds(ctx, &s, counts, rows + 5) - 1;
+    cr_assert(barriers >= 2, "tile %d: %lld barriers", i, (long long)barriers);
+    uint32_t before[2], after[2];
+    cr_assert_eq(moejit_memcpy_dtoh(ctx, before, sync, sizeof before, NULL), MOEJIT_OK);
+    gemm_case c = {ctx, &s, 1, MOEJIT_GEMM_PATH_WGMMA, counts, 5, 0, tol_of(s.act_dtype), sync};
+    const double err = run_case(&c);
+    cr_expect(err <= c.tolerance, "tile %d in step: rel error %.3g", i, err);
+    cr_assert_eq(moejit_memcpy_dtoh(ctx, after, sync, sizeof after, NULL), MOEJIT_OK);
+    cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
+    cr_expect_eq(after[0], 0u, "tile %d: the arrival count is left zero", i);
+    cr_expect_eq((int64_t)(after[1] - before[1]), 2 * barriers,
+                 "tile %d: two launches of %lld barriers each", i, (long long)barriers);
+    unsetenv("MOEJIT_GEMM_ROUND_SYNC");
+  }
+  /* the rule's refusals */
+  moejit_spec s = make_spec(1288, 648, 8, MOEJIT_DTYPE_BF16, tiles[0]);
+  mj_gemm_plan p;
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, rows, "sm_90a", &p), MOEJIT_OK);
+  moejit_gemm_args a = {.max_rows = 2 * 128 * 8 - 1, .round_sync = sync};
+  cr_expect(!mj_gemm1_rounds_in_step(&s, &a, &p), "under two M-tiles an expert");
+  a.max_rows = rows;
+  a.a_index = (const int32_t *)sync;
+  cr_expect(!mj_gemm1_rounds_in_step(&s, &a, &p), "gathering");
+  a.a_index = NULL, a.round_sync = NULL;
+  cr_expect(!mj_gemm1_rounds_in_step(&s, &a, &p), "no words");
+  a.round_sync = sync;
+  setenv("MOEJIT_GEMM_ROUND_SYNC", "0", 1);
+  cr_expect(!mj_gemm1_rounds_in_step(&s, &a, &p), "MOEJIT_GEMM_ROUND_SYNC=0");
+  unsetenv("MOEJIT_GEMM_ROUND_SYNC");
+  s.gemm1.schedule = MOEJIT_SCHEDULE_PINGPONG;
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, rows, "sm_90a", &p), MOEJIT_OK);
+  cr_expect(!mj_gemm1_rounds_in_step(&s, &a, &p), "ping-pong");
+  /* GEMM 2 refuses the words */
+  moejit_gemm_args g2 = {.a = sync,
+                         .w = sync,
+                         .out = sync,
+                         .expert_offsets = (const int32_t *)sync,
+                         .max_rows = 1,
+                         .round_sync = sync};
+  cr_expect_eq(moejit_gemm2(ctx, &s, &g2, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "round_sync"), "%s", moejit_last_error());
+  moejit_mem_free(ctx, sync, NULL);
   moejit_ctx_destroy(ctx);
 }
 
@@ -600,7 +695,7 @@ static void run_gather(moejit_ctx *ctx, const moejit_spec *s, int div, const cha
   void *d_x = dev_upload(ctx, x, (size_t)(x_rows * k) * esz), *d_a = dev_upload(ctx, a, (size_t)(max_rows * k) * esz);
   void *d_w = dev_upload(ctx, w, (size_t)(E * 2 * f * k) * esz), *d_out = dev_upload(ctx, NULL, out_bytes);
   void *d_off = dev_upload(ctx, off, sizeof off), *d_idx = dev_upload(ctx, index, sizeof(int32_t) * (size_t)max_rows);
-  gemm_case c = {ctx, s, 1, MOEJIT_GEMM_PATH_WGMMA, counts, extra, 0, tol_of(s->act_dtype)};
+  gemm_case c = {ctx, s, 1, MOEJIT_GEMM_PATH_WGMMA, counts, extra, 0, tol_of(s->act_dtype), NULL};
   gemm_io io = {.max_rows = max_rows, .n_out = f, .esz = esz};
   setenv("MOEJIT_GEMM_WGMMA_NARROW", "0", 1);
   moejit_gemm_args copy = {.a = d_a, .w = d_w, .out = d_out, .expert_offsets = d_off,

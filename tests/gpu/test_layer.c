@@ -262,24 +262,44 @@ Test(layer, deepseek_v3_matches_reference) {
 
 /* ---- graph capture ------------------------------------------------------------ */
 
+/* GEMM 1's rounds-in-step words of a forward of t tokens: the workspace's
+ * last 256-byte region (docs/layer.md, "Workspace layout"). */
+static void read_round_sync(const layer_io *io, int64_t t, uint32_t words[2]) {
+  size_t bytes = 0;
+  OPS_OK(moejit_moe_workspace_size(io->model, t, &bytes));
+  ops_sync();
+  ops_download(words, (const char *)io->d_ws + bytes - 256, 2 * sizeof(uint32_t));
+}
+
+/* T = 1 (the decode layer), 256, and 16384 with GEMM 1 on the permuted
+ * copy ($MOEJIT_GEMM1_GATHER=0), where its 128x256 tiles keep their rounds
+ * in step: a memset and a cooperative launch inside the graph. */
 Test(layer, graph_replay_equals_eager_bitwise) {
   OPS_REQUIRE_GPU();
   ts_rng rng = ts_rng_fresh("layer graph");
   moejit_load_report r;
   moejit_model *m = load("olmoe-1b-7b", &r);
   layer_io io;
-  io_make(&io, m, 256, &rng);
+  io_make(&io, m, 16384, &rng);
   moejit_ctx *ctx = ops_ctx();
   moejit_stream stream = NULL;
   OPS_OK(moejit_stream_create(ctx, &stream));
   const unsigned long loads_before = mj_ctx_module_loads(ctx);
-  const int64_t sizes[] = {1, 256};
-  for (size_t i = 0; i < 2; i++) {
+  const int64_t sizes[] = {1, 256, 16384};
+  for (size_t i = 0; i < 3; i++) {
     const int64_t t = sizes[i];
+    const int in_step = t == 16384 && ops_ctx_is_sm90a(ctx);
+    if (t == 16384) setenv("MOEJIT_GEMM1_GATHER", "0", 1);
     const size_t bytes = out_bytes(&io, t);
     void *eager = malloc(bytes), *replay = malloc(bytes);
     cr_assert(eager && replay);
     run_eager(&io, t, stream, eager, NULL, NULL);
+    uint32_t sync_eager[2] = {0, 0}, sync_replay[2] = {0, 0};
+    if (in_step) {
+      read_round_sync(&io, t, sync_eager);
+      cr_expect_eq(sync_eager[0], 0u, "T=%lld: arrivals left zero", (long long)t);
+      cr_expect(sync_eager[1] > 0, "T=%lld: GEMM 1's rounds met no barrier", (long long)t);
+    }
     moejit_moe_args a = io_args(&io, t);
     moejit_graph *g = NULL;
     OPS_OK(moejit_graph_begin_capture(ctx, stream));
@@ -294,9 +314,16 @@ Test(layer, graph_replay_equals_eager_bitwise) {
       ops_download(replay, io.d_out, bytes);
       cr_assert(memcmp(eager, replay, bytes) == 0, "T=%lld replay %d differs from eager",
                 (long long)t, rep);
+      if (in_step) { /* each forward zeroes the words, then meets the same barriers */
+        read_round_sync(&io, t, sync_replay);
+        cr_expect(sync_replay[0] == 0 && sync_replay[1] == sync_eager[1],
+                  "T=%lld replay %d: words %u %u, eager left 0 %u", (long long)t, rep,
+                  sync_replay[0], sync_replay[1], sync_eager[1]);
+      }
     }
     moejit_graph_destroy(ctx, g);
     free(eager), free(replay);
+    unsetenv("MOEJIT_GEMM1_GATHER");
   }
   cr_expect_eq(mj_ctx_module_loads(ctx), loads_before, "the forward loaded a module");
   OPS_OK(moejit_stream_destroy(ctx, stream));
