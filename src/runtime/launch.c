@@ -131,6 +131,21 @@ static moejit_status check_cluster(const moejit_ctx *ctx, const char *call, cons
   return MOEJIT_OK;
 }
 
+/* cuLaunchKernelEx of fn with one launch attribute. ctx pushed. */
+static CUresult launch_ex(const moejit_ctx *ctx, CUfunction fn, const unsigned grid[3],
+                          const unsigned block[3], unsigned smem, moejit_stream stream, void **args,
+                          CUlaunchAttribute *attr) {
+  CUlaunchConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
+  cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
+  cfg.sharedMemBytes = smem;
+  cfg.hStream = (CUstream)stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return ctx->d->LaunchKernelEx(&cfg, fn, args, NULL);
+}
+
 static moejit_status enqueue(moejit_ctx *ctx, const launch_target *t, const unsigned grid[3],
                              const unsigned block[3], const unsigned cluster[3], unsigned smem,
                              moejit_stream stream, void **args) {
@@ -144,15 +159,8 @@ static moejit_status enqueue(moejit_ctx *ctx, const launch_target *t, const unsi
   attr.value.clusterDim.x = cluster[0];
   attr.value.clusterDim.y = cluster[1];
   attr.value.clusterDim.z = cluster[2];
-  CUlaunchConfig cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
-  cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
-  cfg.sharedMemBytes = smem;
-  cfg.hStream = (CUstream)stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return mj_cu_check(ctx->d->LaunchKernelEx(&cfg, t->fn, args, NULL), "cuLaunchKernelEx");
+  return mj_cu_check(launch_ex(ctx, t->fn, grid, block, smem, stream, args, &attr),
+                     "cuLaunchKernelEx");
 }
 
 static int is_unit_cluster(const unsigned cluster[3]) {
@@ -227,15 +235,7 @@ moejit_status mj_kernel_launch_cooperative(moejit_ctx *ctx, moejit_kernel *kerne
     memset(&attr, 0, sizeof attr);
     attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attr.value.cooperative = 1;
-    CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
-    cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
-    cfg.sharedMemBytes = smem_bytes;
-    cfg.hStream = (CUstream)stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    const CUresult r = ctx->d->LaunchKernelEx(&cfg, t.fn, args, NULL);
+    const CUresult r = launch_ex(ctx, t.fn, grid, block, smem_bytes, stream, args, &attr);
     /* a grid the device cannot hold at once (a partitioned or shared GPU):
      * nothing was enqueued, the caller launches it another way */
     if (r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
