@@ -405,6 +405,61 @@ struct mj_wg_ring {
   }
 };
 
+// ---- rounds in step ---------------------------------------------------------
+// With a sync word pair (mj_wg_gemm's `sync`), the producers of all CTAs
+// keep the rounds of tiles (round r: items first + r * grid) in step, so
+// the CTAs that share a weight tile in a round read it together and L2
+// serves the later ones (docs/gemm.md, "Rounds in step"). A split barrier:
+// each producer arrives once it has issued its loads of a round, issues the
+// first kStages k-tiles of the next round (what the ring holds anyway, so
+// the consumers' epilogue still overlaps the next tile's first loads), and
+// then waits until every CTA has arrived. sync[0] counts arrivals and is
+// put back to zero by the last one, which then advances sync[1]; a waiter
+// waits for sync[1] to move past the value it read when it arrived. Each
+// producer alternates arrive and wait, so arrivals of two barriers never
+// mix. sync[0] must be zero before the first launch and is zero again after
+// each (sync[1] only counts on); every CTA must be resident at once (a
+// cooperative launch). The barrier orders no data: the GEMM's results do
+// not depend on it.
+__device__ __forceinline__ unsigned mj_wg_round_arrive(unsigned *sync, unsigned n) {
+  unsigned g, arrived;
+  // read before arriving: a barrier that completes after this arrival
+  // cannot be mistaken for an earlier one
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(sync + 1) : "memory");
+  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
+               : "=r"(arrived)
+               : "l"(sync)
+               : "memory");
+  if (arrived == n - 1) {
+    // nobody arrives again before the generation moves: a plain store resets
+    asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(sync) : "memory");
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + 1) : "memory");
+  }
+  return g;
+}
+
+__device__ __forceinline__ void mj_wg_round_wait(const unsigned *sync, unsigned g) {
+  unsigned now;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(sync + 1) : "memory");
+  while (now == g) {
+    __nanosleep(64);
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(sync + 1) : "memory");
+  }
+}
+
+// What a producer owes the barrier: a wait on generation `gen` once armed.
+struct mj_wg_round {
+  unsigned *sync = nullptr;
+  unsigned gen = 0;
+  bool armed = false;
+  __device__ __forceinline__ void wait() {
+    if (armed) mj_wg_round_wait(sync, gen), armed = false;
+  }
+  __device__ __forceinline__ void arrive(unsigned n) {
+    gen = mj_wg_round_arrive(sync, n), armed = true;
+  }
+};
+
 // The B tile of k-tile k0 into shared offset b, completing on `full`: rows
 // [w_row0, +kTN) (kSplitB: [w_row0, +kTN/2) then [w_row1, +kTN/2)); in a
 // cluster of CM = 2 this CTA's half, multicast into both CTAs.
@@ -429,10 +484,12 @@ __device__ __forceinline__ void mj_wg_load_b(unsigned b, const mj_tmap *tw, int 
 // CTA loads its own A and one half of the shared B tile, multicast into both
 // CTAs (rank 0 the first half, rank 1 the second), so B crosses L2 once per
 // pair; a stage is reloaded only when both CTAs' consumers released it.
+// step (rounds in step, or NULL): its owed wait comes before k-tile kStages.
 template <class S, int K, bool kSplitB, int CM>
 __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
                                               const mj_tmap *ta, const mj_tmap *tw, int a_row0,
-                                              int a_rows, int w_row0, int w_row1, unsigned rank) {
+                                              int a_rows, int w_row0, int w_row1, unsigned rank,
+                                              mj_wg_round *step = nullptr) {
   constexpr int kTiles = (K + 63) / 64;
   // kBlockSkip: A boxes of 64 rows, only those that hold the tile's rows
   // (a_rows of them from a_row0); otherwise one box of kTM rows
@@ -445,6 +502,7 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
 #pragma unroll 1
   for (int kt = 0; kt < kTiles; ++kt) {
     const unsigned full = sm.full + ring.s * 8;
+    if (step && kt == S::kStages) step->wait();
     mj_mbar_wait(sm.empty + ring.s * 8, ring.phase ^ 1u); // consumers are done with this stage
     mj_mbar_expect_tx(full, bytes);
     const int k0 = kt * 64;
@@ -695,41 +753,6 @@ __device__ __forceinline__ void mj_wg_store_rows(T *out, long long ld, int row0,
   }
 }
 
-// ---- rounds in step ---------------------------------------------------------
-// With a sync word pair (mj_wg_gemm's `sync`), the producer of every CTA
-// waits before each round of tiles after the first (round r: items
-// first + r * grid) until all CTAs' producers have issued the round before,
-// so the CTAs that share a weight tile in a round start it together and L2
-// serves the later ones (docs/gemm.md, "Rounds in step"). sync[0] counts
-// arrivals and is put back to zero by the last one, which then advances
-// sync[1]; the others wait for sync[1] to move. sync[0] must be zero before
-// the first launch and is zero again after each (sync[1] only counts on);
-// every CTA must be resident at once (a cooperative launch). Ordering: the
-// generation is read with acquire before arriving, so a barrier that
-// completes after this CTA's arrival cannot be mistaken for an earlier one,
-// and the last arriver releases its reset with the generation. The
-// barrier orders no data: the GEMM's results do not depend on it.
-__device__ __forceinline__ void mj_wg_round_barrier(unsigned *sync, unsigned n) {
-  unsigned g;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(sync + 1) : "memory");
-  unsigned arrived;
-  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
-               : "=r"(arrived)
-               : "l"(sync)
-               : "memory");
-  if (arrived == n - 1) {
-    // nobody arrives again before the generation moves: a plain store resets
-    asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(sync) : "memory");
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + 1) : "memory");
-  } else {
-    unsigned now;
-    do {
-      __nanosleep(64);
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(sync + 1) : "memory");
-    } while (now == g);
-  }
-}
-
 // The persistent grouped GEMM: barrier and tile-table setup, then the
 // warp-specialized pipeline over the CTA's work items (mj_wg_item). For each
 // tile, w_rows(t, &w_row0, &w_row1) names its B rows and epi(acc, c, t, buf)
@@ -737,7 +760,7 @@ __device__ __forceinline__ void mj_wg_round_barrier(unsigned *sync, unsigned n) 
 // staging buffer, for mj_wg_store_rows). Every thread of the block calls it. CM
 // (1 or 2) is the cluster size along M: the kernel entry must then carry
 // __cluster_dims__(CM, 1, 1) and the grid be a multiple of CM. sync (CM = 1,
-// A by TMA; NULL: off): rounds in step (mj_wg_round_barrier).
+// A by TMA; NULL: off): rounds in step (mj_wg_round).
 template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, class WRows,
           class Epi, bool kGather = false>
 __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, const int *offsets,
@@ -813,20 +836,25 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       if (threadIdx.x != 0) return;
       mj_tma_prefetch(ta);
       mj_tma_prefetch(tw);
-      // rounds in step: every CTA meets the others before each round after
-      // the first, also the rounds it has no item in
+      // rounds in step: every CTA arrives after each round but the last,
+      // also the rounds it has no item in, and waits in the next one
       const int rounds = CM == 1 && sync ? (items + stride - 1) / stride : 0;
+      mj_wg_round step;
+      step.sync = sync;
 #pragma unroll 1
       for (int w = first, r = 0; w < items || r < rounds; w += stride, ++r) {
-        if (r > 0 && r < rounds) mj_wg_round_barrier(sync, (unsigned)stride);
-        if (w >= items) continue;
-        const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(
-            q, table, offsets, max_rows, n_tiles, w, rank);
-        if (empty(t)) continue;
-        int w_row0, w_row1;
-        w_rows(t, &w_row0, &w_row1);
-        mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, t.row_end - t.row0, w_row0,
-                                         w_row1, rank);
+        if (w < items) {
+          const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(
+              q, table, offsets, max_rows, n_tiles, w, rank);
+          if (!empty(t)) {
+            int w_row0, w_row1;
+            w_rows(t, &w_row0, &w_row1);
+            mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, t.row_end - t.row0, w_row0,
+                                             w_row1, rank, &step);
+          }
+        }
+        step.wait();  // no item, or fewer k-tiles than stages: the wait is still owed
+        if (r + 1 < rounds) step.arrive((unsigned)stride);
       }
     }
   } else {
