@@ -262,7 +262,7 @@ typedef mj_wg_narrow<kExperts> Gemm1WgNarrow;
 
 // gather (kGather): A rows from x by index (common/gemm_wgmma.cuh,
 // mj_wg_produce_gather) instead of the TMA map ta of a permuted copy.
-// sync: rounds in step (common/gemm_wgmma.cuh, mj_wg_round_barrier), or NULL.
+// sync: rounds in step (common/gemm_wgmma.cuh, mj_wg_round), or NULL.
 template <class S, int CM, bool kGather = false, class Gather = int>
 __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw,
                                                act_t *__restrict__ h,

@@ -421,11 +421,18 @@ struct mj_wg_ring {
 // each (sync[1] only counts on); every CTA must be resident at once (a
 // cooperative launch). The barrier orders no data: the GEMM's results do
 // not depend on it.
+// The barrier's generation word, read with acquire (gpu scope).
+__device__ __forceinline__ unsigned mj_wg_round_gen(const unsigned *sync) {
+  unsigned g;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(sync + 1) : "memory");
+  return g;
+}
+
 __device__ __forceinline__ unsigned mj_wg_round_arrive(unsigned *sync, unsigned n) {
-  unsigned g, arrived;
   // read before arriving: a barrier that completes after this arrival
   // cannot be mistaken for an earlier one
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(sync + 1) : "memory");
+  const unsigned g = mj_wg_round_gen(sync);
+  unsigned arrived;
   asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
                : "=r"(arrived)
                : "l"(sync)
@@ -439,12 +446,7 @@ __device__ __forceinline__ unsigned mj_wg_round_arrive(unsigned *sync, unsigned 
 }
 
 __device__ __forceinline__ void mj_wg_round_wait(const unsigned *sync, unsigned g) {
-  unsigned now;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(sync + 1) : "memory");
-  while (now == g) {
-    __nanosleep(64);
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(sync + 1) : "memory");
-  }
+  while (mj_wg_round_gen(sync) == g) __nanosleep(64);
 }
 
 // What a producer owes the barrier: a wait on generation `gen` once armed.
