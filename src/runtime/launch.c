@@ -1,6 +1,6 @@
 /* Kernel launch: shape, shared-memory and argument checks against the
  * device and the kernel before anything is enqueued; the dynamic shared-
- * memory opt-in above 48 KiB; plain and cluster launches. */
+ * memory opt-in above 48 KiB; plain, cluster and cooperative launches. */
 #include <string.h>
 
 #include "common/common.h"
@@ -146,31 +146,46 @@ static CUresult launch_ex(const moejit_ctx *ctx, CUfunction fn, const unsigned g
   return ctx->d->LaunchKernelEx(&cfg, fn, args, NULL);
 }
 
+/* Enqueues t: a plain launch, or cuLaunchKernelEx with a cluster shape or
+ * the cooperative attribute. *too_large = 1 (and MOEJIT_OK, nothing
+ * enqueued) when a cooperative grid does not fit the device at once. */
 static moejit_status enqueue(moejit_ctx *ctx, const launch_target *t, const unsigned grid[3],
-                             const unsigned block[3], const unsigned cluster[3], unsigned smem,
-                             moejit_stream stream, void **args) {
-  if (!cluster)
+                             const unsigned block[3], const unsigned cluster[3], int cooperative,
+                             unsigned smem, moejit_stream stream, void **args, int *too_large) {
+  if (!cluster && !cooperative)
     return mj_cu_check(ctx->d->LaunchKernel(t->fn, grid[0], grid[1], grid[2], block[0], block[1],
                                             block[2], smem, (CUstream)stream, args, NULL),
                        "cuLaunchKernel");
   CUlaunchAttribute attr;
   memset(&attr, 0, sizeof attr);
-  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr.value.clusterDim.x = cluster[0];
-  attr.value.clusterDim.y = cluster[1];
-  attr.value.clusterDim.z = cluster[2];
-  return mj_cu_check(launch_ex(ctx, t->fn, grid, block, smem, stream, args, &attr),
-                     "cuLaunchKernelEx");
+  if (cooperative) {
+    attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attr.value.cooperative = 1;
+  } else {
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster[0];
+    attr.value.clusterDim.y = cluster[1];
+    attr.value.clusterDim.z = cluster[2];
+  }
+  const CUresult r = launch_ex(ctx, t->fn, grid, block, smem, stream, args, &attr);
+  if (cooperative && r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
+    *too_large = 1; /* a partitioned or shared GPU: the caller launches another way */
+    return MOEJIT_OK;
+  }
+  return mj_cu_check(r, cooperative ? "cuLaunchKernelEx (cooperative)" : "cuLaunchKernelEx");
 }
 
 static int is_unit_cluster(const unsigned cluster[3]) {
   return !cluster || (cluster[0] == 1 && cluster[1] == 1 && cluster[2] == 1);
 }
 
+/* Checks, then enqueues under the ctx: cluster NULL or unit for none;
+ * cooperative needs cuLaunchKernelEx (the caller checks) and sets
+ * *too_large as enqueue() does. */
 static moejit_status launch(moejit_ctx *ctx, const char *call, const launch_target *t,
                             const unsigned grid[3], const unsigned block[3],
-                            const unsigned cluster[3], unsigned smem, moejit_stream stream,
-                            void **args) {
+                            const unsigned cluster[3], int cooperative, int *too_large,
+                            unsigned smem, moejit_stream stream, void **args) {
   moejit_status st = check_launch(ctx, call, t, grid, block, smem, args);
   if (is_unit_cluster(cluster)) cluster = NULL;
   if (st == MOEJIT_OK && cluster) st = check_cluster(ctx, call, grid, cluster);
@@ -178,7 +193,8 @@ static moejit_status launch(moejit_ctx *ctx, const char *call, const launch_targ
   st = mj_ctx_enter(ctx);
   if (st != MOEJIT_OK) return st;
   st = raise_smem_limit(ctx, t, smem);
-  if (st == MOEJIT_OK) st = enqueue(ctx, t, grid, block, cluster, smem, stream, args);
+  if (st == MOEJIT_OK)
+    st = enqueue(ctx, t, grid, block, cluster, cooperative, smem, stream, args, too_large);
   mj_ctx_leave(ctx);
   return mj_ctx_fail(ctx, st);
 }
@@ -196,21 +212,32 @@ moejit_status mj_ctx_launch_cluster(moejit_ctx *ctx, CUfunction fn, const unsign
   /* Functions from this ctx's module cache get the full per-kernel checks. */
   mj_function *f = fn ? mj_ctx_function_info(ctx, fn) : NULL;
   launch_target t = {fn, f, f ? &f->dynamic_smem_limit : NULL};
-  return launch(ctx, "mj_ctx_launch", &t, grid, block, cluster, smem_bytes, stream, args);
+  return launch(ctx, "mj_ctx_launch", &t, grid, block, cluster, 0, NULL, smem_bytes, stream, args);
+}
+
+static moejit_status check_kernel(moejit_ctx *ctx, const char *call, const moejit_kernel *kernel) {
+  if (!kernel)
+    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: kernel is NULL", call));
+  if (kernel->ctx != ctx)
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: the kernel belongs to another ctx", call));
+  return MOEJIT_OK;
+}
+
+static launch_target kernel_target(moejit_kernel *kernel) {
+  launch_target t = {kernel->function->fn, kernel->function, &kernel->function->dynamic_smem_limit};
+  return t;
 }
 
 moejit_status moejit_kernel_launch(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned grid[3],
                                    const unsigned block[3], unsigned smem_bytes,
                                    moejit_stream stream, void **args) {
-  MJ_CHECK_CTX(ctx, "moejit_kernel_launch");
-  if (!kernel)
-    return mj_ctx_fail(
-        ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_kernel_launch: kernel is NULL"));
-  if (kernel->ctx != ctx)
-    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                                    "moejit_kernel_launch: the kernel belongs to another ctx"));
-  launch_target t = {kernel->function->fn, kernel->function, &kernel->function->dynamic_smem_limit};
-  return launch(ctx, "moejit_kernel_launch", &t, grid, block, NULL, smem_bytes, stream, args);
+  const char *call = "moejit_kernel_launch";
+  MJ_CHECK_CTX(ctx, call);
+  moejit_status st = check_kernel(ctx, call, kernel);
+  if (st != MOEJIT_OK) return st;
+  const launch_target t = kernel_target(kernel);
+  return launch(ctx, call, &t, grid, block, NULL, 0, NULL, smem_bytes, stream, args);
 }
 
 moejit_status mj_kernel_launch_cooperative(moejit_ctx *ctx, moejit_kernel *kernel,
@@ -220,31 +247,15 @@ moejit_status mj_kernel_launch_cooperative(moejit_ctx *ctx, moejit_kernel *kerne
   const char *call = "moejit_kernel_launch (cooperative)";
   *launched = 0;
   MJ_CHECK_CTX(ctx, call);
-  if (!kernel || kernel->ctx != ctx)
-    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                                    "%s: kernel is NULL or belongs to another ctx", call));
+  moejit_status st = check_kernel(ctx, call, kernel);
+  if (st != MOEJIT_OK) return st;
   if (!ctx->d->LaunchKernelEx)
     return MOEJIT_OK; /* no cuLaunchKernelEx: the caller's plain launch */
-  launch_target t = {kernel->function->fn, kernel->function, &kernel->function->dynamic_smem_limit};
-  moejit_status st = check_launch(ctx, call, &t, grid, block, smem_bytes, args);
-  if (st != MOEJIT_OK) return mj_ctx_fail(ctx, st);
-  if ((st = mj_ctx_enter(ctx)) != MOEJIT_OK) return st;
-  st = raise_smem_limit(ctx, &t, smem_bytes);
-  if (st == MOEJIT_OK) {
-    CUlaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attr.value.cooperative = 1;
-    const CUresult r = launch_ex(ctx, t.fn, grid, block, smem_bytes, stream, args, &attr);
-    /* a grid the device cannot hold at once (a partitioned or shared GPU):
-     * nothing was enqueued, the caller launches it another way */
-    if (r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
-      st = mj_cu_check(r, "cuLaunchKernelEx (cooperative)");
-      *launched = st == MOEJIT_OK;
-    }
-  }
-  mj_ctx_leave(ctx);
-  return mj_ctx_fail(ctx, st);
+  const launch_target t = kernel_target(kernel);
+  int too_large = 0;
+  st = launch(ctx, call, &t, grid, block, NULL, 1, &too_large, smem_bytes, stream, args);
+  *launched = st == MOEJIT_OK && !too_large;
+  return st;
 }
 
 int mj_kernel_active_clusters(moejit_ctx *ctx, moejit_kernel *kernel, const unsigned block[3],
@@ -254,7 +265,7 @@ int mj_kernel_active_clusters(moejit_ctx *ctx, moejit_kernel *kernel, const unsi
   int cached = atomic_load(&f->active_clusters);
   if (cached != 0) return cached > 0 ? cached : 0;
   if (!ctx->d->OccupancyMaxActiveClusters || mj_ctx_enter(ctx) != MOEJIT_OK) return 0;
-  launch_target t = {f->fn, f, &f->dynamic_smem_limit};
+  const launch_target t = kernel_target(kernel);
   int n = 0;
   moejit_status st = raise_smem_limit(ctx, &t, smem);
   if (st == MOEJIT_OK) {
