@@ -111,7 +111,20 @@ typedef struct moejit_tune_opts {
    * this run's time), so run-to-run noise does not swap tiles; only clear
    * gains replace it. 0: every winner replaces the entry of its point. */
   double keep_within;
+  /* The runoff: after a point's candidates are timed, its finalists (the
+   * built-in choice, the `runoff` fastest candidates and, with keep_within,
+   * the table's entry for the point) are timed RUNOFF_ROUNDS more times,
+   * interleaved, in alternating order, and each keeps the median of its
+   * timings, so one lucky or unlucky pass (clocks, the GPU's temperature)
+   * does not pick the winner. 0: the sweep's `timing.runoff` (default 3);
+   * < 0: no runoff. */
+  int runoff;
 } moejit_tune_opts;
+
+/* Extra timings of each finalist in the runoff (moejit_tune_opts.runoff),
+ * and the most candidates a runoff takes. */
+#define MOEJIT_TUNE_RUNOFF_ROUNDS 2
+#define MOEJIT_TUNE_MAX_RUNOFF 16
 
 /* Zeroes opts: every field at its default. */
 MOEJIT_API void moejit_tune_opts_init(moejit_tune_opts *opts);
@@ -162,6 +175,7 @@ typedef struct moejit_tune_summary {
   int jobs;              /* compile threads used */
   /* Timing. */
   size_t measured, resumed, wrong, failed, skipped_budget;
+  size_t runoff_timed; /* timings of finalists in the runoff (beside `measured`) */
   double time_s, total_s;
   char stop_reason[256]; /* why timing stopped early, or "" */
   /* Outputs ("" when not written). */
@@ -213,7 +227,6 @@ MOEJIT_API void moejit_tune_summary_free(moejit_tune_summary *summary);
 MOEJIT_API moejit_status moejit_tuned_choice(const char *device_name, const moejit_spec *spec,
                                              int which, int64_t tokens, moejit_gemm_cfg *cfg,
                                              int *path, int *source);
-
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,10 @@ static void tune_usage(FILE *f) {
           "  --keep-within PCT     keep a table entry's configuration where this run timed\n"
           "                        it within PCT percent of the winner (default 0: the\n"
           "                        winner always replaces it)\n"
+          "  --runoff N            re-time each point's N fastest candidates, the built-in\n"
+          "                        choice (and with --keep-within the table's entry) twice\n"
+          "                        more, interleaved, and keep each one's median (default:\n"
+          "                        the sweep's timing.runoff, 3; 0: no runoff)\n"
           "  --json                print the summary as one JSON object (progress: stderr)\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n");
@@ -51,6 +55,7 @@ static void tune_usage(FILE *f) {
 typedef struct tune_args {
   const char *sweep, *out, *results, *arch;
   int jobs, warmup, iters, json, dry_run, compile_only, no_table;
+  int runoff; /* -1: not given */
   double budget, keep_within;
 } tune_args;
 
@@ -90,6 +95,9 @@ static int parse_args(int argc, char **argv, tune_args *a) {
     } else if (cli_opt_value(argc, argv, &i, "--keep-within", &v, &bad)) {
       if (bad ||
           !parse_real("--keep-within", v, 0, 0, 100, "a percentage (0 to 100)", &a->keep_within))
+        return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--runoff", &v, &bad)) {
+      if (bad || !cli_parse_int("--runoff", v, 0, MOEJIT_TUNE_MAX_RUNOFF, &a->runoff))
         return CLI_EXIT_USAGE;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
@@ -234,9 +242,10 @@ static void print_summary(const moejit_tune_summary *s, const tune_args *a, cons
     return;
   }
   printf(
-      "timing: %zu measured, %zu resumed, %zu wrong, %zu failed, %zu skipped (budget) in "
-      "%.1f s; whole run %.1f s\n",
-      s->measured, s->resumed, s->wrong, s->failed, s->skipped_budget, s->time_s, s->total_s);
+      "timing: %zu measured, %zu resumed, %zu wrong, %zu failed, %zu skipped (budget), %zu "
+      "runoff timings in %.1f s; whole run %.1f s\n",
+      s->measured, s->resumed, s->wrong, s->failed, s->skipped_budget, s->runoff_timed, s->time_s,
+      s->total_s);
   if (s->stop_reason[0]) printf("stopped early: %s\n", s->stop_reason);
   print_speedups(s);
   printf("\nresults: %s/results.csv, results.json, chart.svg\n", s->results_dir);
@@ -291,10 +300,11 @@ static void print_json(const moejit_tune_summary *s, moejit_status st) {
       "\"candidates\":%zu,\"points\":%zu,\"kernels\":%zu,\"cache_hits\":%zu,\"compiled\":%zu,"
       "\"compile_failed\":%zu,\"compile_s\":%.3f,\"kernels_per_s\":%.3f,\"compiled_per_s\":%.3f,"
       "\"jobs\":%d,\"measured\":%zu,\"resumed\":%zu,\"wrong\":%zu,\"failed\":%zu,"
-      "\"skipped_budget\":%zu,\"time_s\":%.3f,\"total_s\":%.3f,\"stop_reason\":",
+      "\"skipped_budget\":%zu,\"runoff_timed\":%zu,\"time_s\":%.3f,\"total_s\":%.3f,"
+      "\"stop_reason\":",
       s->candidates, s->points, s->kernels, s->cache_hits, s->compiled, s->compile_failed,
       s->compile_s, s->kernels_per_s, s->compiled_per_s, s->jobs, s->measured, s->resumed, s->wrong,
-      s->failed, s->skipped_budget, s->time_s, s->total_s);
+      s->failed, s->skipped_budget, s->runoff_timed, s->time_s, s->total_s);
   cli_json_str(stdout, s->stop_reason);
   printf(",\"results_dir\":");
   cli_json_str(stdout, s->results_dir);
@@ -324,7 +334,7 @@ static int open_gpu(const tune_args *a, moejit_ctx **ctx, char *why, size_t cap)
 }
 
 int cli_tune(int argc, char **argv) {
-  tune_args a = {0};
+  tune_args a = {.runoff = -1};
   int rc = parse_args(argc, argv, &a);
   if (rc == -1) return tune_usage(stdout), CLI_EXIT_OK;
   if (rc) return rc;
@@ -349,6 +359,7 @@ int cli_tune(int argc, char **argv) {
   moejit_tune_opts_init(&o);
   o.out_table = a.out, o.results_dir = a.results, o.jobs = a.jobs, o.budget_seconds = a.budget;
   o.keep_within = a.keep_within;
+  o.runoff = a.runoff < 0 ? 0 : a.runoff == 0 ? -1 : a.runoff;
   o.warmup = a.warmup, o.iters = a.iters, o.arch = a.arch, o.dry_run = a.dry_run;
   o.no_table = a.no_table, o.progress = on_progress, o.progress_user = &p;
   moejit_tune_summary s;

@@ -522,7 +522,8 @@ static moejit_status one_space(const sl *L, const mj_yaml_node *n, int i, void *
 /* ---- sections -------------------------------------------------------------- */
 
 static moejit_status load_timing(const sl *L, const mj_yaml_node *n) {
-  static const char *const keys[] = {"warmup", "iters", "min_iters", "max_point_ms", "rotate_mb"};
+  static const char *const keys[] = {"warmup",       "iters",     "min_iters",
+                                     "max_point_ms", "rotate_mb", "runoff"};
   moejit_sweep *sw = L->sw;
   moejit_status st = want_map(L, n, "timing");
   if (!st) st = check_keys(L, n, "timing", keys, MJ_ARRAY_LEN(keys));
@@ -542,6 +543,9 @@ static moejit_status load_timing(const sl *L, const mj_yaml_node *n) {
   if (!st && (v = map_get(n, "rotate_mb")) &&
       !(st = get_double(L, v, "timing.rotate_mb", 0, 1e5, &d)))
     sw->rotate_bytes = d * 1e6;
+  if (!st && (v = map_get(n, "runoff")) &&
+      !(st = get_int(L, v, "timing.runoff", 0, MJ_TUNE_MAX_RUNOFF, &x)))
+    sw->runoff = (int)x;
   return st;
 }
 
@@ -584,7 +588,7 @@ static void sweep_defaults(moejit_sweep *sw) {
   sw->kernels = MJ_KERNEL_BIT(1) | MJ_KERNEL_BIT(2);
   sw->paths = MJ_PATH_BIT(MOEJIT_GEMM_PATH_MMA) | MJ_PATH_BIT(MOEJIT_GEMM_PATH_WGMMA);
   sw->warmup = 3, sw->iters = 20, sw->min_iters = 5;
-  sw->max_point_ms = 200, sw->rotate_bytes = 200e6;
+  sw->max_point_ms = 200, sw->rotate_bytes = 200e6, sw->runoff = 3;
   sw->check_rows = 8, sw->tolerance = 2e-2, sw->seed = 1, sw->divisible = 1;
 }
 

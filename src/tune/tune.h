@@ -52,6 +52,9 @@ typedef struct mj_sweep_space {
   int line, col;
 } mj_sweep_space;
 
+/* Most candidates in a point's runoff (timing.runoff, --runoff). */
+#define MJ_TUNE_MAX_RUNOFF MOEJIT_TUNE_MAX_RUNOFF
+
 struct moejit_sweep {
   char name[MOEJIT_NAME_MAX];
   char origin[MOEJIT_PATH_MAX];
@@ -67,6 +70,7 @@ struct moejit_sweep {
   int warmup, iters, min_iters;
   double max_point_ms; /* fewer than iters (not under min_iters) past this */
   double rotate_bytes; /* inputs rotate until one pass touches this much */
+  int runoff;          /* candidates in each point's runoff beside the heuristic; 0: none */
   /* check */
   int check_rows;
   double tolerance;
@@ -162,6 +166,7 @@ typedef struct mj_tune_row {
   /* engine bookkeeping (not written) */
   int cand; /* index into the plan, -1 for heuristic rows */
   int t_index;
+  int resumed; /* 1: taken from an earlier run's results.csv */
 } mj_tune_row;
 
 typedef struct mj_tune_rows {

@@ -43,6 +43,7 @@ typedef struct run {
   size_t compile_done;
   size_t time_done, time_total;
   int dead;
+  mj_tuned_table prior; /* the table the winners merge into, as it was (may be empty) */
 } run;
 
 static double now_ms(const run *r) {
@@ -163,6 +164,7 @@ static void drop_stale_heuristics(run *r) {
         h->us = h->tflops = h->gbs = h->rel_err = 0, h->iters = 0;
         h->reason[0] = '\0';
         mj_strlcpy(h->date, r->date, sizeof h->date);
+        h->resumed = 0;
         r->sum->resumed--;
       }
       break;
@@ -205,6 +207,7 @@ static moejit_status resume(run *r) {
       row->rel_err = old->rel_err, row->iters = old->iters;
       mj_strlcpy(row->date, old->date, sizeof row->date);
       mj_strlcpy(row->reason, old->reason, sizeof row->reason);
+      row->resumed = 1;
       r->sum->resumed++;
     }
   }
@@ -384,6 +387,100 @@ static void time_rows(run *r, const mj_tune_group *g, size_t first, size_t end) 
   }
 }
 
+/* ---- the runoff ---------------------------------------------------------------- */
+
+static int by_us(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The row of group [first, end) that times what table entry e names, or -1. */
+static int entry_row(const run *r, size_t first, size_t end, const mj_tuned_entry *e);
+
+/* Picks the finalists of group [first, end): the heuristic row, the `n`
+ * fastest candidates and the prior table's entry for the point, each once
+ * and only if it passed. Returns how many (at most cap). */
+static size_t finalists(const run *r, size_t first, size_t end, int n, size_t *out, size_t cap) {
+  size_t k = 0;
+  for (size_t i = first; i < end && k < cap; i++)
+    if (r->rows.rows[i].role == MJ_ROLE_HEURISTIC && r->rows.rows[i].status == MJ_TS_OK)
+      out[k++] = i;
+  for (int j = 0; j < n && k < cap; j++) { /* the next fastest not yet taken */
+    size_t best = end;
+    for (size_t i = first; i < end; i++) {
+      const mj_tune_row *row = &r->rows.rows[i];
+      if (row->role != MJ_ROLE_CANDIDATE || row->status != MJ_TS_OK) continue;
+      int taken = 0;
+      for (size_t q = 0; q < k && !taken; q++) taken = out[q] == i;
+      if (!taken && (best == end || row->us < r->rows.rows[best].us)) best = i;
+    }
+    if (best == end) break;
+    out[k++] = best;
+  }
+  if (r->o->keep_within > 0 && r->prior.n && k < cap) {
+    const mj_tune_row *head = &r->rows.rows[first];
+    mj_tuned_entry key;
+    memset(&key, 0, sizeof key);
+    snprintf(key.kernel, sizeof key.kernel, "gemm%d", head->which);
+    key.dtype = head->dtype, key.hidden = head->hidden, key.expert_width = head->expert_width;
+    key.experts = head->experts, key.top_k = head->top_k, key.tokens = head->tokens;
+    const mj_tuned_entry *e = mj_tuned_table_find(&r->prior, &key);
+    const int i = e ? entry_row(r, first, end, e) : -1;
+    int taken = i < 0;
+    for (size_t q = 0; q < k && !taken; q++) taken = out[q] == (size_t)i;
+    if (!taken) out[k++] = (size_t)i;
+  }
+  return k;
+}
+
+/* Times the finalists of group [first, end) MOEJIT_TUNE_RUNOFF_ROUNDS more
+ * times, each round over all of them, in reverse order every other round,
+ * and gives each the median of its timings (the first pass's included). A
+ * finalist that fails or goes wrong now is recorded so and drops out. The
+ * budget ends the runoff after a whole round. */
+static void runoff(run *r, const mj_tune_group *g, size_t first, size_t end) {
+  const int n = r->o->runoff < 0 ? 0 : r->o->runoff > 0 ? r->o->runoff : r->sw->runoff;
+  enum { kCap = MJ_TUNE_MAX_RUNOFF + 2, kRounds = MOEJIT_TUNE_RUNOFF_ROUNDS };
+  size_t fin[kCap];
+  const size_t k =
+      n > 0 ? finalists(r, first, end, n < MJ_TUNE_MAX_RUNOFF ? n : MJ_TUNE_MAX_RUNOFF, fin, kCap)
+            : 0;
+  if (k < 2) return; /* nothing to compare */
+  double us[kCap][1 + kRounds];
+  int got[kCap], iters[kCap];
+  for (size_t j = 0; j < k; j++) us[j][0] = r->rows.rows[fin[j]].us, got[j] = 1, iters[j] = 0;
+  for (int round = 0; round < kRounds && !r->dead && !over_budget(r); round++)
+    for (size_t q = 0; q < k && !r->dead; q++) {
+      const size_t j = round % 2 ? q : k - 1 - q; /* the first pass ran in row order */
+      mj_tune_row *row = &r->rows.rows[fin[j]];
+      if (row->status != MJ_TS_OK) continue;
+      const mj_tune_row before = *row;
+      measure_row(r, g, row);
+      r->sum->runoff_timed++;
+      /* counted once already, as measured or resumed: measure_row counted it
+       * again when ok, else it moves to wrong or failed */
+      if (row->status == MJ_TS_OK || !before.resumed)
+        r->sum->measured--;
+      else
+        r->sum->resumed--;
+      if (row->status == MJ_TS_OK) {
+        us[j][got[j]++] = row->us, iters[j] += row->iters;
+        *row = before; /* the median below sets the time */
+      }
+    }
+  for (size_t j = 0; j < k; j++) {
+    mj_tune_row *row = &r->rows.rows[fin[j]];
+    if (row->status != MJ_TS_OK || got[j] < 2) continue;
+    qsort(us[j], (size_t)got[j], sizeof us[j][0], by_us);
+    const double m =
+        got[j] % 2 ? us[j][got[j] / 2] : (us[j][got[j] / 2 - 1] + us[j][got[j] / 2]) / 2;
+    row->us = round(m * 1e3) / 1e3;
+    row->iters += iters[j];
+    set_rates(row, g);
+    mj_strlcpy(row->date, r->date, sizeof row->date);
+  }
+}
+
 /* The sweep shape of a row (its index) and, if base is non-NULL, the spec
  * its group runs with: the shape's own tiles, archs set to the target. */
 static int base_spec(const run *r, const mj_tune_row *row, moejit_spec *base) {
@@ -497,6 +594,7 @@ static moejit_status run_group(run *r, size_t first, size_t end) {
       fail_group(r, first, end);
     } else {
       time_rows(r, &g, first, end);
+      runoff(r, &g, first, end);
       r->be->close_group(r->be->state, &g);
     }
     free(offsets);
@@ -563,6 +661,16 @@ static int same_choice(const mj_tuned_entry *e, const moejit_gemm_cfg *cfg, moej
   return e->path == path && (path == MOEJIT_GEMM_PATH_GEMV || mj_gemm_cfg_equal(&e->cfg, cfg));
 }
 
+static int entry_row(const run *r, size_t first, size_t end, const mj_tuned_entry *e) {
+  for (size_t i = first; i < end; i++) {
+    const mj_tune_row *row = &r->rows.rows[i];
+    if (row->role == MJ_ROLE_CANDIDATE && row->status == MJ_TS_OK &&
+        same_choice(e, &row->cfg, row->path))
+      return (int)i;
+  }
+  return -1;
+}
+
 /* This run's time of table entry e's configuration at its point (a candidate
  * that ran and passed the check, resumed rows included); 0: not timed. */
 static double time_of_entry(const run *r, const mj_tuned_entry *e) {
@@ -578,17 +686,32 @@ static double time_of_entry(const run *r, const mj_tuned_entry *e) {
   return 0;
 }
 
-static moejit_status fill_table(run *r, const char *path, mj_tuned_table *t) {
+/* The tuned table the run writes: --out, or configs/tuned/<device file>. */
+static moejit_status table_path(const run *r, char *path, size_t cap) {
+  if (r->o->out_table) return mj_snprintf(path, cap, "%s", r->o->out_table);
+  char file[256];
+  mj_tuned_file_name(r->be->device, file, sizeof file);
+  return mj_snprintf(path, cap, "configs/tuned/%s", file);
+}
+
+/* Loads the table at path into t (left empty when there is none yet); one
+ * this run cannot merge into (unreadable, or of another GPU) is an error. */
+static moejit_status load_table(const run *r, const char *path, mj_tuned_table *t) {
   struct stat sb;
-  if (stat(path, &sb) == 0) {
-    moejit_status st = mj_tuned_table_load_file(path, t);
-    if (st) return mj_fail_prefix(st, "cannot merge into the tuned table %s", path);
-    if (t->device[0] && strcmp(t->device, r->be->device))
-      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                     "the tuned table %s is for '%s', this GPU is '%s'; HINT: pass --out with "
-                     "another file",
-                     path, t->device, r->be->device);
-  }
+  if (stat(path, &sb) != 0) return MOEJIT_OK;
+  moejit_status st = mj_tuned_table_load_file(path, t);
+  if (st) return mj_fail_prefix(st, "cannot merge into the tuned table %s", path);
+  if (t->device[0] && strcmp(t->device, r->be->device))
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "the tuned table %s is for '%s', this GPU is '%s'; HINT: pass --out with "
+                   "another file",
+                   path, t->device, r->be->device);
+  return MOEJIT_OK;
+}
+
+static moejit_status fill_table(run *r, const char *path, mj_tuned_table *t) {
+  moejit_status st = load_table(r, path, t);
+  if (st) return st;
   mj_strlcpy(t->device, r->be->device, sizeof t->device);
   mj_strlcpy(t->arch, r->be->arch, sizeof t->arch);
   mj_strlcpy(t->nvrtc, r->be->nvrtc, sizeof t->nvrtc);
@@ -611,22 +734,15 @@ static moejit_status fill_table(run *r, const char *path, mj_tuned_table *t) {
         r->sum->table_kept++;
       }
     }
-    moejit_status st = mj_tuned_table_put(t, &e);
-    if (st) return st;
+    if ((st = mj_tuned_table_put(t, &e))) return st;
     r->sum->table_entries++;
   }
   return MOEJIT_OK;
 }
 
 static moejit_status write_table(run *r) {
-  char path[MOEJIT_PATH_MAX], file[256];
-  moejit_status st;
-  if (r->o->out_table) {
-    st = mj_snprintf(path, sizeof path, "%s", r->o->out_table);
-  } else {
-    mj_tuned_file_name(r->be->device, file, sizeof file);
-    st = mj_snprintf(path, sizeof path, "configs/tuned/%s", file);
-  }
+  char path[MOEJIT_PATH_MAX];
+  moejit_status st = table_path(r, path, sizeof path);
   if (st) return st;
   mj_tuned_table t;
   memset(&t, 0, sizeof t);
@@ -676,6 +792,11 @@ static moejit_status prepare(run *r) {
     st = mj_tune_read_csv(csv, &r->old);
   if (!st) st = resume(r);
   if (!st) st = make_units(r);
+  /* the table the winners go into: refused now (another GPU's, unreadable)
+   * rather than after the timing; its entries join the runoff */
+  char path[MOEJIT_PATH_MAX];
+  if (!st && r->be->can_time && !r->o->no_table && !(st = table_path(r, path, sizeof path)))
+    st = load_table(r, path, &r->prior);
   return st;
 }
 
@@ -716,6 +837,7 @@ moejit_status mj_tune_run_backend(const moejit_sweep *sweep, const moejit_tune_o
   mj_tune_plan_free(&r.plan);
   mj_tune_rows_free(&r.rows);
   mj_tune_rows_free(&r.old);
+  mj_tuned_table_free(&r.prior);
   free(r.old_used), free(r.units), free(r.cand_unit), free(r.heur_unit), free(r.tuned);
   pthread_mutex_destroy(&r.lock);
   return st;

@@ -107,6 +107,7 @@ Test(cli_tune, options) {
   cr_assert(strstr(out, "usage: moejit tune SWEEP"), "%s", out);
   cr_assert(strstr(out, "--budget-seconds"), "%s", out);
   cr_assert(strstr(out, "--keep-within PCT"), "%s", out);
+  cr_assert(strstr(out, "--runoff N"), "%s", out);
   free(out);
   cr_assert_eq(ts_run_cli((const char *const[]){"tune", NULL}, no_gpu_env, NULL, &err), 2);
   cr_assert(strstr(err, "needs a SWEEP"), "%s", err);
@@ -118,6 +119,10 @@ Test(cli_tune, options) {
   cr_assert(strstr(err, "--keep-within: '101' is not a percentage"), "%s", err);
   free(err);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--keep-within", "5%"), 2);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--runoff", "17"), 2);
+  cr_assert(strstr(err, "--runoff"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--runoff", "-1"), 2);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--iters", "0"), 2);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--frob"), 2);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, SMOKE), 2, "one SWEEP");

@@ -41,6 +41,18 @@ typedef struct fake {
   int dead;
   double auto_us; /* the heuristic's time (0: 1000 us) */
   double gemv_us; /* gemv candidates' time (0: the formula below) */
+  /* wgmma candidates of this tile_m: their first timing at each point
+   * takes lucky_us (a pass on a cool GPU), later ones the formula */
+  int lucky_tile_m;
+  double lucky_us;
+  int lucky_seen[2][3]; /* per kernel and token count: timed once already */
+  /* wgmma candidates of this tile_m and 4 stages (not AUTO's narrow 64-row
+   * tile, of 8) go wrong from their second timing at a point */
+  int wrong_later_tile_m;
+  int later_seen[2][3];
+  int log_on; /* log every timing's (path, tile_m) from the first on */
+  int log_n;
+  int log_path[256], log_tile_m[256];
 } fake;
 
 static moejit_status fake_compile(void *state, const moejit_spec *spec, const char *family,
@@ -86,8 +98,18 @@ static moejit_status fake_measure(void *state, const mj_tune_group *g, const moe
     return mj_fail(MOEJIT_ERR_CUDA, "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (fake)");
   }
   const moejit_gemm_cfg *c = g->which == 1 ? &spec->gemm1 : &spec->gemm2;
+  const int ti = g->tokens == 4 ? 0 : g->tokens == 64 ? 1 : 2;
+  const int wgmma = path == MOEJIT_GEMM_PATH_WGMMA;
+  if (f->log_on && f->log_n < 256)
+    f->log_path[f->log_n] = path,
+    f->log_tile_m[f->log_n++] = path == MOEJIT_GEMM_PATH_AUTO ? 0 : c->tile_m;
   m->rel_err = path == MOEJIT_GEMM_PATH_MMA && c->tile_m == f->wrong_tile_m ? 0.5 : 1e-3;
+  if (wgmma && c->tile_m == f->wrong_later_tile_m && c->stages == 4 &&
+      f->later_seen[g->which - 1][ti]++ > 0)
+    m->rel_err = 0.5;
   m->us = m->rel_err <= g->tolerance ? fake_us(f, spec, g->which, path, g->tokens) : 0;
+  if (wgmma && c->tile_m == f->lucky_tile_m && !f->lucky_seen[g->which - 1][ti]++)
+    m->us = f->lucky_us;
   m->iters = g->iters;
   return MOEJIT_OK;
 }
@@ -140,6 +162,17 @@ static moejit_status run(fake *f, double budget, moejit_tune_summary *s) {
   moejit_tune_opts o;
   moejit_tune_opts_init(&o);
   o.results_dir = results, o.out_table = table, o.budget_seconds = budget, o.jobs = 2;
+  o.runoff = -1; /* these tests count single timings; the runoff has its own */
+  mj_tune_backend be = backend(f);
+  return mj_tune_run_backend(sweep, &o, &be, s);
+}
+
+/* run() with the runoff: 0 the sweep's (3), else that many candidates. */
+static moejit_status run_runoff(fake *f, int runoff, double keep_within, moejit_tune_summary *s) {
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = table, o.jobs = 2;
+  o.runoff = runoff, o.keep_within = keep_within;
   mj_tune_backend be = backend(f);
   return mj_tune_run_backend(sweep, &o, &be, s);
 }
@@ -158,6 +191,10 @@ static size_t count_status(const mj_tune_rows *rows, mj_tune_status st) {
   for (size_t i = 0; i < rows->n; i++) n += rows->rows[i].status == st;
   return n;
 }
+
+static const mj_tune_row *row_of(const mj_tune_rows *rows, int which, int64_t tokens,
+                                 moejit_gemm_path path, int tile_m);
+static mj_tuned_entry entry_from_row(const mj_tune_row *r);
 
 static void read_results(mj_tune_rows *rows) {
   char path[2048];
@@ -380,13 +417,125 @@ Test(tune_engine, gemv_winner_reaches_the_table_and_the_load) {
   mj_tuned_table_free(&t);
 }
 
+/* Refused before anything is timed: the run would end unable to write its
+ * table. */
 Test(tune_engine, table_of_another_device_is_refused) {
   write_one_entry_table("Some Other GPU", "gemm1", 1);
   fake f = {0};
   moejit_tune_summary s;
   cr_assert_eq(run(&f, 0, &s), MOEJIT_ERR_INVALID_ARGUMENT);
   cr_assert(strstr(moejit_last_error(), "Some Other GPU"), "%s", moejit_last_error());
-  free(slurp(results, "results.csv")); /* the results are still there */
+  cr_assert_eq(f.measures, 0, "refused before the timing");
+  cr_assert_eq(f.compiles, 0, "and before the compiles");
+  moejit_tune_summary_free(&s);
+  fake g = {0};
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = table, o.no_table = 1, o.runoff = -1;
+  mj_tune_backend be = backend(&g);
+  cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &s), MOEJIT_OK, "--no-table: %s",
+               moejit_last_error());
+  cr_assert_eq(g.measures, (int)s.points);
+  moejit_tune_summary_free(&s);
+}
+
+/* A candidate whose first timing was lucky (10 us against its 186-301)
+ * wins without a runoff; the runoff times it twice more and its median is
+ * its real time, so the real fastest wins. Every finalist is timed three
+ * times, the rounds alternate their order, and the counts add up. */
+Test(tune_engine, runoff_keeps_a_lucky_pass_from_winning) {
+  fake f = {.wrong_tile_m = 16, .lucky_tile_m = 128, .lucky_us = 10};
+  moejit_tune_summary s;
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  for (size_t i = 0; i < s.n_winners; i++)
+    cr_assert_eq(s.winners[i].cfg.tile_m, 128, "without a runoff the lucky pass wins");
+  cr_assert_eq(s.runoff_timed, 0);
+  moejit_tune_summary_free(&s);
+  ts_rmtree(results);
+
+  fake g = {.wrong_tile_m = 16, .lucky_tile_m = 128, .lucky_us = 10, .log_on = 1};
+  cr_assert_eq(run_runoff(&g, 0, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.n_winners, 6);
+  for (size_t i = 0; i < s.n_winners; i++) {
+    const moejit_tune_winner *w = &s.winners[i];
+    cr_assert_eq(w->path, MOEJIT_GEMM_PATH_WGMMA);
+    cr_assert_eq(w->cfg.tile_m, 64, "%s T=%lld: the real fastest wins", w->kernel,
+                 (long long)w->tokens);
+  }
+  /* per point: the heuristic and the 3 fastest of 4 correct candidates,
+   * timed twice more each */
+  cr_assert_eq(s.runoff_timed, 6 * 4 * 2);
+  cr_assert_eq(g.measures, (int)(s.points + s.runoff_timed));
+  cr_assert_eq(s.measured + s.wrong, s.points, "a runoff timing is not a point");
+  /* the first point's timings: 6 rows in order, then the runoff over its
+   * finalists (heuristic first in row order), reversed, then forward */
+  cr_assert_geq(g.log_n, 6 + 8);
+  const int *lp = g.log_path, *lt = g.log_tile_m;
+  for (int q = 0; q < 4; q++)
+    cr_assert(lp[6 + q] == lp[6 + 7 - q] && lt[6 + q] == lt[6 + 7 - q],
+              "round 2 runs round 1's order backwards (%d)", q);
+  cr_assert_eq(lp[6 + 3], MOEJIT_GEMM_PATH_AUTO, "round 1 ends with the first finalist");
+  mj_tune_rows rows;
+  read_results(&rows);
+  const mj_tune_row *lucky = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_WGMMA, 128);
+  cr_assert_float_eq(lucky->us, 100 + 8 + 64 + 12.8 + 4 + 1, 1e-6, "its median, not 10");
+  cr_assert_eq(lucky->iters, 3 * 20, "the launches behind its three timings");
+  cr_assert_gt(lucky->tflops, 0);
+  mj_tune_rows_free(&rows);
+  moejit_tune_summary_free(&s);
+}
+
+/* --runoff 1: the heuristic and the fastest candidate; with --keep-within
+ * the table's entry for a point joins them, so it is compared on the same
+ * terms. */
+Test(tune_engine, runoff_counts_and_the_table_entry) {
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary s;
+  cr_assert_eq(run_runoff(&f, 1, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.runoff_timed, 6 * 2 * 2);
+  moejit_tune_summary_free(&s);
+  mj_tune_rows rows;
+  read_results(&rows);
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, "Fake GPU 1", sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  mj_tuned_entry e = entry_from_row(row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_MMA, 64));
+  cr_assert_eq(mj_tuned_table_put(&t, &e), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(mj_tuned_table_write(&t, table), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tuned_table_free(&t);
+  mj_tune_rows_free(&rows);
+  ts_rmtree(results);
+  fake g = {.wrong_tile_m = 16};
+  cr_assert_eq(run_runoff(&g, 1, 15, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.runoff_timed, 6 * 2 * 2 + 2, "gemm1 T=64 also re-times the table's mma tile");
+  cr_assert_eq(s.table_kept, 1, "within 15%%: kept");
+  moejit_tune_summary_free(&s);
+}
+
+/* A finalist that goes wrong in the runoff drops out: the next fastest
+ * wins, and the point counts it as wrong. */
+Test(tune_engine, runoff_drops_a_finalist_that_goes_wrong) {
+  fake f = {.wrong_tile_m = 16, .wrong_later_tile_m = 64};
+  moejit_tune_summary s;
+  cr_assert_eq(run_runoff(&f, 0, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.n_winners, 6);
+  for (size_t i = 0; i < s.n_winners; i++) {
+    const moejit_tune_winner *w = &s.winners[i];
+    cr_assert(!(w->path == MOEJIT_GEMM_PATH_WGMMA && w->cfg.tile_m == 64 && w->cfg.stages == 4),
+              "%s T=%lld: the tile that went wrong in the runoff", w->kernel, (long long)w->tokens);
+  }
+  cr_assert_eq(s.wrong, 6 + 6, "mma 16 everywhere, wgmma 64 s4 in each runoff");
+  cr_assert_eq(s.measured + s.wrong, s.points);
+  mj_tune_rows rows;
+  read_results(&rows);
+  size_t wrong = 0;
+  for (size_t i = 0; i < rows.n; i++) {
+    const mj_tune_row *r = &rows.rows[i];
+    wrong += r->status == MJ_TS_WRONG && r->path == MOEJIT_GEMM_PATH_WGMMA && r->cfg.tile_m == 64;
+  }
+  cr_assert_eq(wrong, 6, "results.csv records them as wrong");
+  mj_tune_rows_free(&rows);
   moejit_tune_summary_free(&s);
 }
 
@@ -420,7 +569,8 @@ Test(tune_engine, resume_times_nothing_twice) {
   mj_tune_backend be = backend(&f3);
   cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &other), MOEJIT_OK, "%s", moejit_last_error());
   cr_assert_eq(other.resumed, 0);
-  cr_assert_eq((size_t)f3.measures, other.points);
+  cr_assert_eq((size_t)f3.measures, other.points + other.runoff_timed, "the sweep's runoff of 3");
+  cr_assert_eq(other.runoff_timed, 6 * 4 * 2);
   read_results(&rows);
   cr_assert_eq(rows.n, 2 * 6 * 8);
   mj_tune_rows_free(&rows);
@@ -484,6 +634,28 @@ Test(tune_engine, budget_stops_timing_and_resume_finishes) {
   cr_assert_eq((size_t)f2.measures, s.skipped_budget, "only the skipped points are timed");
   cr_assert_eq(rest.resumed, 5);
   cr_assert_eq(rest.n_winners, 6);
+  moejit_tune_summary_free(&s);
+  moejit_tune_summary_free(&rest);
+}
+
+/* A group the budget cut short gets its runoff when a later run finishes
+ * it, resumed rows among its finalists; one that goes wrong there moves
+ * from resumed to wrong, and the counts still add up to the points. */
+Test(tune_engine, runoff_after_a_resume) {
+  fake f = {.ms_per_measure = 1000};
+  moejit_tune_summary s, rest;
+  cr_assert_eq(run(&f, 5, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.measured, 5);
+  fake g = {.wrong_later_tile_m = 64};
+  cr_assert_eq(run_runoff(&g, 0, 0, &rest), MOEJIT_OK, "%s", moejit_last_error());
+  /* wgmma 64 s4 goes wrong at its second timing in this run: in the five
+   * fresh groups that is the runoff's first round (it sits out the
+   * second), in the resumed one (first timed in the runoff) the second */
+  cr_assert_eq(rest.runoff_timed, 6 * 4 * 2 - 5, "%zu", rest.runoff_timed);
+  cr_assert_eq(rest.resumed, 5 - 1, "the resumed wgmma 64 s4 went wrong: %zu", rest.resumed);
+  cr_assert_eq(rest.wrong, 6, "%zu", rest.wrong);
+  cr_assert_eq(rest.measured + rest.resumed + rest.wrong + rest.failed, rest.points);
+  cr_assert_eq((size_t)g.measures, rest.points - 5 + rest.runoff_timed);
   moejit_tune_summary_free(&s);
   moejit_tune_summary_free(&rest);
 }

@@ -66,6 +66,7 @@ Test(tune_sweep, shipped_sweeps_load) {
   }
   cr_assert_eq(sw->shapes[3].spec.hidden, 7168);
   cr_assert_eq(sw->max_point_ms, 100);
+  cr_assert_eq(sw->runoff, 3, "the default runoff");
   moejit_sweep_destroy(sw);
 }
 
@@ -133,7 +134,7 @@ Test(tune_sweep, raw_shapes_and_overrides) {
       "  - {preset: qwen3-30b-a3b, dtype: fp16}\n"
       "spaces:\n"
       "  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2}\n"
-      "timing: {warmup: 1, iters: 7, min_iters: 9, max_point_ms: 50, rotate_mb: 10}\n"
+      "timing: {warmup: 1, iters: 7, min_iters: 9, max_point_ms: 50, rotate_mb: 10, runoff: 5}\n"
       "check: {rows: 3, tolerance: 0.05}\n"
       "seed: 42\n"
       "constraints: {divisible: no}\n");
@@ -151,6 +152,7 @@ Test(tune_sweep, raw_shapes_and_overrides) {
   cr_assert_eq(sw->iters, 7);
   cr_assert_eq(sw->min_iters, 7, "min_iters is capped at iters");
   cr_assert_float_eq(sw->rotate_bytes, 10e6, 1);
+  cr_assert_eq(sw->runoff, 5);
   cr_assert_eq(sw->check_rows, 3);
   cr_assert_eq(sw->seed, 42);
   cr_assert_eq(sw->divisible, 0);
@@ -166,6 +168,8 @@ Test(tune_sweep, errors_name_line_col_and_key) {
   load_fails(HEAD SPACE "colour: red\n", "t.yaml:6:1: ", "unknown key 'colour'");
   load_fails(HEAD SPACE "timing: {iters: 0}\n", "t.yaml:6:17: key 'timing.iters'", "out of range");
   load_fails(HEAD SPACE "timing: {iters: 1.5}\n", "timing.iters", "not a decimal integer");
+  load_fails(HEAD SPACE "timing: {runoff: 17}\n", "key 'timing.runoff'", "out of range");
+  load_fails(HEAD SPACE "timing: {runoff: -1}\n", "key 'timing.runoff'", "out of range");
   load_fails(HEAD "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64}\n",
              "t.yaml:5:5: key 'spaces[0]'", "missing key 'stages'");
   load_fails(HEAD "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 48, stages: 2}\n",

@@ -105,6 +105,11 @@ Test(tune_gpu, smoke_sweep_end_to_end, .timeout = 600) {
   cr_assert_eq(s.failed, 0);
   cr_assert_eq(s.compile_failed, 0);
   cr_assert_eq(s.measured, s.points);
+  /* the sweep's runoff of 3: each point's heuristic and fastest three
+   * candidates (or as many as passed) timed twice more */
+  cr_assert_geq(s.runoff_timed, 6 * 2 * 2);
+  cr_assert_leq(s.runoff_timed, 6 * 4 * 2);
+  cr_assert_eq(s.runoff_timed % 2, 0, "whole rounds");
   cr_assert_eq(s.n_winners, 6, "2 kernels x 3 token counts");
   for (size_t i = 0; i < s.n_winners; i++) {
     cr_assert_gt(s.winners[i].us, 0);
