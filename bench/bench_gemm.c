@@ -23,6 +23,7 @@
 #define MAX_SETS 16
 #define MAX_POINTS 512
 #define WARMUP 3 /* untimed launches before the timed ones */
+#define MAX_ROUNDS 9 /* --rounds: ours and the peers timed in turn this many times */
 /* Targets (issue #5): time within 1.15x of the floor; from T*k = 32768 rows
  * on, at least 85% of the dense cuBLAS rate; never slower than the best peer. */
 #define TARGET_FLOOR 1.15
@@ -66,6 +67,7 @@ static FILE *g_csv;   /* --csv FILE, or NULL */
 static peers *g_peers; /* NULL: every peer is n/a for the reason in g_peers_why */
 static char g_peers_why[PEER_WHY_MAX];
 static int g_n_sets_max, g_iters; /* for the footer */
+static int g_rounds = 3;          /* --rounds */
 
 /* Why peers were n/a, each reason once with the first point it hit. */
 #define MAX_NOTES 24
@@ -273,25 +275,22 @@ static int launch_grouped(void *state, int set, char *why) {
   return peer_grouped_run(g_peers, r->sets[set].grouped, why);
 }
 
-/* Median µs of one peer, or NAN with the reason noted. Each set runs once
- * untimed first: cuBLAS loads kernels and picks algorithms per shape, and the
- * sets' per-expert shapes differ. */
-static double time_peer(gemm_run *r, const char *peer, launch_fn launch, int iters,
-                        const char *where) {
-  char why[PEER_WHY_MAX] = "";
-  double us = NAN;
-  int failed = 0;
-  for (int set = 0; set < r->n_sets && !failed; set++) failed = launch(r, set, why) != 0;
-  if (!failed) us = time_launches(r->ctx, launch, r, r->n_sets, iters, r->stream, why);
-  if (isnan(us)) note_na(peer, where, why);
-  return us;
+/* The peers of a GEMM, in the order of peer_times: dense, loop, grouped. */
+static const char *const peer_names[3] = {"dense", "loop", "grouped"};
+static const launch_fn peer_launch[3] = {launch_dense, launch_loop, launch_grouped};
+
+static double *peer_slot(peer_times *t, int i) {
+  return i == 0 ? &t->dense : i == 1 ? &t->loop : &t->grouped;
 }
 
-static peer_times time_peers(gemm_run *r, int iters) {
-  peer_times t = {NAN, NAN, NAN};
-  char where[128], why[PEER_WHY_MAX] = "";
-  snprintf(where, sizeof where, "%.63s gemm%d T=%lld", r->s->name, r->which,
-           (long long)(r->rows / r->s->top_k));
+/* Gets the peers ready to be timed: ready[i] = 1 for those that can run,
+ * each having run once untimed on every set (cuBLAS loads kernels and picks
+ * algorithms per shape, and the sets' per-expert shapes differ); the
+ * grouped peer's pointer arrays are built (release with unprepare_peers).
+ * A peer that cannot run is noted with why. */
+static void prepare_peers(gemm_run *r, const char *where, int ready[3]) {
+  char why[PEER_WHY_MAX] = "";
+  ready[0] = ready[1] = ready[2] = 0;
   int no_h2 = 0;
   for (int i = 0; i < r->n_sets; i++) no_h2 |= r->which == 1 && !r->sets[i].h2;
   const char *skip = !g_peers ? g_peers_why
@@ -301,22 +300,45 @@ static peer_times time_peers(gemm_run *r, int iters) {
                              : NULL;
   if (skip) {
     note_na("all peers", where, skip);
-    return t;
+    return;
   }
-  t.dense = time_peer(r, "dense", launch_dense, iters, where);
-  t.loop = time_peer(r, "loop", launch_loop, iters, where);
-  int ready = 1;
-  for (int i = 0; i < r->n_sets && ready; i++) {
+  int grouped = 1;
+  for (int i = 0; i < r->n_sets && grouped; i++) {
     peer_gemm g = peer_problem(r, i);
-    ready = peer_grouped_prepare(g_peers, &g, &r->sets[i].grouped, why) == 0;
+    grouped = peer_grouped_prepare(g_peers, &g, &r->sets[i].grouped, why) == 0;
   }
-  if (ready) t.grouped = time_peer(r, "grouped", launch_grouped, iters, where);
-  else note_na("grouped", where, why);
+  if (!grouped) note_na("grouped", where, why);
+  for (int p = 0; p < 3; p++) {
+    if (p == 2 && !grouped) continue;
+    int failed = 0;
+    for (int set = 0; set < r->n_sets && !failed; set++) failed = peer_launch[p](r, set, why) != 0;
+    if (failed) note_na(peer_names[p], where, why);
+    ready[p] = !failed;
+  }
+}
+
+static void unprepare_peers(gemm_run *r) {
   for (int i = 0; i < r->n_sets; i++) {
     peer_grouped_free(r->sets[i].grouped);
     r->sets[i].grouped = NULL;
   }
-  return t;
+}
+
+/* Median µs of one peer's launches, or NAN with the reason noted (then
+ * *ready = 0: the later rounds skip it). */
+static double time_peer(gemm_run *r, int p, int iters, const char *where, int *ready) {
+  char why[PEER_WHY_MAX] = "";
+  const double us = time_launches(r->ctx, peer_launch[p], r, r->n_sets, iters, r->stream, why);
+  if (isnan(us)) note_na(peer_names[p], where, why), *ready = 0;
+  return us;
+}
+
+/* The median of n values; NAN if any is NAN (a peer that failed in a round). */
+static double median_of(double *v, int n) {
+  for (int i = 0; i < n; i++)
+    if (isnan(v[i])) return NAN;
+  qsort(v, (size_t)n, sizeof v[0], cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* The missed targets of a point, joined by '+', or "ok". */
@@ -421,21 +443,45 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, c
     const double n_out = which == 1 ? 2 * (double)f : (double)d; /* gemm1: gate + up */
     const double flops = 2 * m * n_out * (double)(which == 1 ? d : f);
     const double bytes = active * n_out * (double)(which == 1 ? d : f) * (double)wsz + ac;
-    double us[2];
+    /* what each of our rows runs: the spec and path (tuned: the table's) */
     moejit_spec tuned = *s;
+    const moejit_spec *spec[2];
+    moejit_gemm_path path[2];
     for (int i = 0; i < g_n_paths; i++) {
-      r.s = s, r.path = g_paths[i];
-      if (r.path == BENCH_PATH_TUNED) {
+      spec[i] = s, path[i] = g_paths[i];
+      if (path[i] == BENCH_PATH_TUNED) {
         moejit_gemm_cfg *g = which == 1 ? &tuned.gemm1 : &tuned.gemm2;
-        int path = MOEJIT_GEMM_PATH_AUTO;
-        if (moejit_tuned_choice(g_device, s, which, tokens, g, &path, NULL) != MOEJIT_OK)
-          *g = which == 1 ? s->gemm1 : s->gemm2, path = MOEJIT_GEMM_PATH_AUTO;
-        r.s = &tuned, r.path = (moejit_gemm_path)path;
+        int p = MOEJIT_GEMM_PATH_AUTO;
+        if (moejit_tuned_choice(g_device, s, which, tokens, g, &p, NULL) != MOEJIT_OK)
+          *g = which == 1 ? s->gemm1 : s->gemm2, p = MOEJIT_GEMM_PATH_AUTO;
+        spec[i] = &tuned, path[i] = (moejit_gemm_path)p;
       }
-      us[i] = time_ours(&r, iters);
     }
-    r.s = s;
-    peer_times pt = time_peers(&r, iters);
+    char where[128];
+    snprintf(where, sizeof where, "%.63s gemm%d T=%lld", s->name, which, (long long)tokens);
+    int ready[3];
+    prepare_peers(&r, where, ready);
+    /* rounds: ours and each peer in turn, the first one changing every round
+     * (the GPU's clocks and temperature drift; nobody always goes first) */
+    double t_ours[2][MAX_ROUNDS], t_peer[3][MAX_ROUNDS];
+    const int n_cont = g_n_paths + 3;
+    for (int round = 0; round < g_rounds; round++)
+      for (int j = 0; j < n_cont; j++) {
+        const int c = (j + round) % n_cont;
+        if (c < g_n_paths) {
+          r.s = spec[c], r.path = path[c];
+          t_ours[c][round] = time_ours(&r, iters);
+        } else {
+          const int p = c - g_n_paths;
+          r.s = s;
+          t_peer[p][round] = ready[p] ? time_peer(&r, p, iters, where, &ready[p]) : NAN;
+        }
+      }
+    unprepare_peers(&r);
+    double us[2];
+    for (int i = 0; i < g_n_paths; i++) us[i] = median_of(t_ours[i], g_rounds);
+    peer_times pt;
+    for (int p = 0; p < 3; p++) *peer_slot(&pt, p) = median_of(t_peer[p], g_rounds);
     for (int i = 0; i < g_n_paths; i++)
       report(s->name, which == 1 ? "gemm1" : "gemm2", g_paths[i], tokens, rows, us[i], flops,
              bytes, &pt);
@@ -545,10 +591,13 @@ static void print_footer(int fallbacks, int met) {
   printf("# targets: ok, or the missed ones: floor (time > %.2fx floor), peer (slower than the\n"
          "#   best peer), dense (T*k >= %d and TFLOP/s < %.0f%% of dense). %d of %d rows ok.\n",
          TARGET_FLOOR, TARGET_DENSE_ROWS, 100 * TARGET_DENSE, met, g_n_points);
-  printf("# timing: median of %d launches, each between its own events, after %d warm-ups; inputs\n"
-         "#   rotate over routing/buffer sets until a pass touches %.0f MB (here up to %d sets);\n"
-         "#   each peer runs once on every set before (cuBLAS loads kernels per shape).\n",
-         g_iters, WARMUP, ROTATE_BYTES / 1e6, g_n_sets_max);
+  printf(
+      "# timing: median of %d launches, each between its own events, after %d warm-ups, in\n"
+      "#   each of %d rounds that time ours and every peer in turn (who goes first changes\n"
+      "#   every round); a time is the median of its rounds. Inputs rotate over\n"
+      "#   routing/buffer sets until a pass touches %.0f MB (here up to %d sets); each peer\n"
+      "#   runs once on every set before (cuBLAS loads kernels per shape).\n",
+      g_iters, WARMUP, g_rounds, ROTATE_BYTES / 1e6, g_n_sets_max);
   for (int i = 0; i < g_n_notes; i++) printf("# n/a: %s\n", g_notes[i]);
 }
 
@@ -721,24 +770,30 @@ static int smoke_test(void) {
 }
 
 static void usage(void) {
-  printf("usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)]\n"
-         "                         [--path auto|mma|wgmma|gemv|tuned|both|compare] [--csv FILE] [--smoke]\n"
-         "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] [--gemm2 ...]\n"
-         "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
-         "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
-         "uniform top-k routing: median of N launches after 3 warm-ups, beside cuBLAS peers\n"
-         "timed the same way in the same run: dense (one cublasGemmEx of equal FLOPs, which\n"
-         "sets the floor), loop (cublasGemmEx per expert) and grouped\n"
-         "(cublasGemmGroupedBatchedEx). Floor = max(FLOPs / dense TFLOP/s, bytes / 3.0 TB/s),\n"
-         "bytes = active experts' weights + A + C. Prints one table with the targets each row\n"
-         "meets or misses (docs/gemm.md); --csv FILE writes the same rows.\n"
-         "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a);\n"
-         "gemv runs the weight-streaming decode kernel at any T (AUTO takes it at T*k <= 8);\n"
-         "tuned runs what this GPU's tuned table names for the point (what a loaded model\n"
-         "runs; auto where it names nothing); compare prints an auto and a tuned row.\n"
-         "--smoke runs one 64x64x64 tile of each GEMM on each path against a CPU\n"
-         "reference and prints the max abs error and the first mismatches (exit 1 on any).\n"
-         "Without a GPU it says so and exits 0.\n");
+  printf(
+      "usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)] "
+      "[--rounds N]\n"
+      "                         [--path auto|mma|wgmma|gemv|tuned|both|compare] [--csv FILE] "
+      "[--smoke]\n"
+      "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] "
+      "[--gemm2 ...]\n"
+      "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
+      "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
+      "uniform top-k routing: median of N launches after 3 warm-ups, beside cuBLAS peers\n"
+      "timed the same way in the same run: dense (one cublasGemmEx of equal FLOPs, which\n"
+      "sets the floor), loop (cublasGemmEx per expert) and grouped\n"
+      "(cublasGemmGroupedBatchedEx). --rounds N (default 3, 1..9) times ours and each peer\n"
+      "in turn N times, who goes first changing every round, and keeps the median.\n"
+      "Floor = max(FLOPs / dense TFLOP/s, bytes / 3.0 TB/s), bytes = active experts'\n"
+      "weights + A + C. Prints one table with the targets each row meets or misses\n"
+      "(docs/gemm.md); --csv FILE writes the same rows.\n"
+      "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a);\n"
+      "gemv runs the weight-streaming decode kernel at any T (AUTO takes it at T*k <= 8);\n"
+      "tuned runs what this GPU's tuned table names for the point (what a loaded model\n"
+      "runs; auto where it names nothing); compare prints an auto and a tuned row.\n"
+      "--smoke runs one 64x64x64 tile of each GEMM on each path against a CPU\n"
+      "reference and prints the max abs error and the first mismatches (exit 1 on any).\n"
+      "Without a GPU it says so and exits 0.\n");
 }
 
 int main(int argc, char **argv) {
@@ -756,6 +811,12 @@ int main(int argc, char **argv) {
         tokens[n_tokens++] = atoll(t);
     } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) {
+      g_rounds = atoi(argv[++i]);
+      if (g_rounds < 1 || g_rounds > MAX_ROUNDS) {
+        fprintf(stderr, "moejit_bench_gemm: --rounds: 1 to %d\n", MAX_ROUNDS);
+        return 2;
+      }
     } else if (!strcmp(argv[i], "--path") && i + 1 < argc && parse_paths(argv[i + 1])) {
       i++;
     } else if ((!strcmp(argv[i], "--gemm1") || !strcmp(argv[i], "--gemm2")) && i + 1 < argc &&
