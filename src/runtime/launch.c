@@ -131,10 +131,9 @@ static moejit_status check_cluster(const moejit_ctx *ctx, const char *call, cons
   return MOEJIT_OK;
 }
 
-/* cuLaunchKernelEx of fn with one launch attribute. ctx pushed. */
-static CUresult launch_ex(const moejit_ctx *ctx, CUfunction fn, const unsigned grid[3],
-                          const unsigned block[3], unsigned smem, moejit_stream stream, void **args,
-                          CUlaunchAttribute *attr) {
+/* The cuLaunchKernelEx configuration of a launch with one attribute. */
+static CUlaunchConfig launch_config(const unsigned grid[3], const unsigned block[3], unsigned smem,
+                                    moejit_stream stream, CUlaunchAttribute *attr) {
   CUlaunchConfig cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
@@ -143,6 +142,25 @@ static CUresult launch_ex(const moejit_ctx *ctx, CUfunction fn, const unsigned g
   cfg.hStream = (CUstream)stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+/* The launch attribute of a thread-block cluster shape. */
+static CUlaunchAttribute cluster_attr(const unsigned cluster[3]) {
+  CUlaunchAttribute attr;
+  memset(&attr, 0, sizeof attr);
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = cluster[0];
+  attr.value.clusterDim.y = cluster[1];
+  attr.value.clusterDim.z = cluster[2];
+  return attr;
+}
+
+/* cuLaunchKernelEx of fn with one launch attribute. ctx pushed. */
+static CUresult launch_ex(const moejit_ctx *ctx, CUfunction fn, const unsigned grid[3],
+                          const unsigned block[3], unsigned smem, moejit_stream stream, void **args,
+                          CUlaunchAttribute *attr) {
+  CUlaunchConfig cfg = launch_config(grid, block, smem, stream, attr);
   return ctx->d->LaunchKernelEx(&cfg, fn, args, NULL);
 }
 
@@ -157,15 +175,12 @@ static moejit_status enqueue(moejit_ctx *ctx, const launch_target *t, const unsi
                                             block[2], smem, (CUstream)stream, args, NULL),
                        "cuLaunchKernel");
   CUlaunchAttribute attr;
-  memset(&attr, 0, sizeof attr);
   if (cooperative) {
+    memset(&attr, 0, sizeof attr);
     attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attr.value.cooperative = 1;
   } else {
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = cluster[0];
-    attr.value.clusterDim.y = cluster[1];
-    attr.value.clusterDim.z = cluster[2];
+    attr = cluster_attr(cluster);
   }
   const CUresult r = launch_ex(ctx, t->fn, grid, block, smem, stream, args, &attr);
   if (cooperative && r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
@@ -269,18 +284,11 @@ int mj_kernel_active_clusters(moejit_ctx *ctx, moejit_kernel *kernel, const unsi
   int n = 0;
   moejit_status st = raise_smem_limit(ctx, &t, smem);
   if (st == MOEJIT_OK) {
-    CUlaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = cluster_x, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
-    CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDimX = cluster_x * (unsigned)(ctx->info.sm_count > 0 ? ctx->info.sm_count : 1);
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
-    cfg.sharedMemBytes = smem;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const unsigned shape[3] = {cluster_x, 1, 1};
+    CUlaunchAttribute attr = cluster_attr(shape);
+    const unsigned grid[3] = {
+        cluster_x * (unsigned)(ctx->info.sm_count > 0 ? ctx->info.sm_count : 1), 1, 1};
+    CUlaunchConfig cfg = launch_config(grid, block, smem, NULL, &attr);
     if (ctx->d->OccupancyMaxActiveClusters(&n, f->fn, &cfg) != CUDA_SUCCESS) n = 0;
   }
   mj_ctx_leave(ctx);

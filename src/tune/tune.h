@@ -243,7 +243,8 @@ int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed,
 int mj_tune_check_rows(const int32_t *offsets, int32_t experts, int n, uint64_t seed,
                        int64_t *rows);
 
-uint64_t mj_tune_mix(uint64_t a, uint64_t b); /* a seed from two numbers */
+uint64_t mj_tune_mix(uint64_t a, uint64_t b);         /* a seed from two numbers */
+int mj_tune_cmp_double(const void *a, const void *b); /* qsort order of doubles */
 
 /* ------------------------------------------------------------------------ */
 /* The backend the engine compiles and measures through                     */

@@ -15,6 +15,11 @@ uint64_t mj_tune_mix(uint64_t a, uint64_t b) {
   return z ^ (z >> 31);
 }
 
+int mj_tune_cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
 static uint64_t next(uint64_t *s) {
   *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
   return *s * 0x2545f4914f6cdd1dull;

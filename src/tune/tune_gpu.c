@@ -216,11 +216,6 @@ static moejit_status events(gpu *g, int n) {
   return MOEJIT_OK;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* Warm-up launches, timed as a whole to size the run: at most
  * max_point_ms of timed launches, never fewer than min_iters. */
 static moejit_status warm_up(gpu *g, const mj_tune_group *grp, const moejit_spec *spec,
@@ -261,7 +256,7 @@ static moejit_status time_launches(gpu *g, const mj_tune_group *grp, const moeji
     ms[i] = t;
   }
   if (!st) {
-    qsort(ms, (size_t)iters, sizeof *ms, cmp_double);
+    qsort(ms, (size_t)iters, sizeof *ms, mj_tune_cmp_double);
     m->us = (iters % 2 ? ms[iters / 2] : (ms[iters / 2 - 1] + ms[iters / 2]) / 2) * 1e3;
     m->iters = iters;
   }

@@ -389,13 +389,32 @@ static void time_rows(run *r, const mj_tune_group *g, size_t first, size_t end) 
 
 /* ---- the runoff ---------------------------------------------------------------- */
 
-static int by_us(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
+/* Whether entry e runs what (cfg, path) runs: the GEMV kernel ignores the tile. */
+static int same_choice(const mj_tuned_entry *e, const moejit_gemm_cfg *cfg, moejit_gemm_path path) {
+  return e->path == path && (path == MOEJIT_GEMM_PATH_GEMV || mj_gemm_cfg_equal(&e->cfg, cfg));
 }
 
-/* The row of group [first, end) that times what table entry e names, or -1. */
-static int entry_row(const run *r, size_t first, size_t end, const mj_tuned_entry *e);
+/* The first of rows [first, end) that is a candidate of table entry e's
+ * point and configuration which ran and passed the check (resumed rows
+ * included), or -1. */
+static int entry_row(const run *r, size_t first, size_t end, const mj_tuned_entry *e) {
+  const int which = strcmp(e->kernel, "gemm1") == 0 ? 1 : 2;
+  for (size_t i = first; i < end; i++) {
+    const mj_tune_row *row = &r->rows.rows[i];
+    if (row->role == MJ_ROLE_CANDIDATE && row->status == MJ_TS_OK && row->which == which &&
+        row->dtype == e->dtype && row->hidden == e->hidden &&
+        row->expert_width == e->expert_width && row->experts == e->experts &&
+        row->top_k == e->top_k && row->tokens == e->tokens && same_choice(e, &row->cfg, row->path))
+      return (int)i;
+  }
+  return -1;
+}
+
+static int in_list(const size_t *v, size_t n, size_t x) {
+  for (size_t i = 0; i < n; i++)
+    if (v[i] == x) return 1;
+  return 0;
+}
 
 /* Picks the finalists of group [first, end): the heuristic row, the `n`
  * fastest candidates and the prior table's entry for the point, each once
@@ -410,9 +429,7 @@ static size_t finalists(const run *r, size_t first, size_t end, int n, size_t *o
     for (size_t i = first; i < end; i++) {
       const mj_tune_row *row = &r->rows.rows[i];
       if (row->role != MJ_ROLE_CANDIDATE || row->status != MJ_TS_OK) continue;
-      int taken = 0;
-      for (size_t q = 0; q < k && !taken; q++) taken = out[q] == i;
-      if (!taken && (best == end || row->us < r->rows.rows[best].us)) best = i;
+      if (!in_list(out, k, i) && (best == end || row->us < r->rows.rows[best].us)) best = i;
     }
     if (best == end) break;
     out[k++] = best;
@@ -426,9 +443,7 @@ static size_t finalists(const run *r, size_t first, size_t end, int n, size_t *o
     key.experts = head->experts, key.top_k = head->top_k, key.tokens = head->tokens;
     const mj_tuned_entry *e = mj_tuned_table_find(&r->prior, &key);
     const int i = e ? entry_row(r, first, end, e) : -1;
-    int taken = i < 0;
-    for (size_t q = 0; q < k && !taken; q++) taken = out[q] == (size_t)i;
-    if (!taken) out[k++] = (size_t)i;
+    if (i >= 0 && !in_list(out, k, (size_t)i)) out[k++] = (size_t)i;
   }
   return k;
 }
@@ -471,7 +486,7 @@ static void runoff(run *r, const mj_tune_group *g, size_t first, size_t end) {
   for (size_t j = 0; j < k; j++) {
     mj_tune_row *row = &r->rows.rows[fin[j]];
     if (row->status != MJ_TS_OK || got[j] < 2) continue;
-    qsort(us[j], (size_t)got[j], sizeof us[j][0], by_us);
+    qsort(us[j], (size_t)got[j], sizeof us[j][0], mj_tune_cmp_double);
     const double m =
         got[j] % 2 ? us[j][got[j] / 2] : (us[j][got[j] / 2 - 1] + us[j][got[j] / 2]) / 2;
     row->us = round(m * 1e3) / 1e3;
@@ -656,36 +671,6 @@ static moejit_status mkdir_parent(const char *path) {
   return mj_mkdir_p(dir, 0755);
 }
 
-/* Whether entry e runs what (cfg, path) runs: the GEMV kernel ignores the tile. */
-static int same_choice(const mj_tuned_entry *e, const moejit_gemm_cfg *cfg, moejit_gemm_path path) {
-  return e->path == path && (path == MOEJIT_GEMM_PATH_GEMV || mj_gemm_cfg_equal(&e->cfg, cfg));
-}
-
-static int entry_row(const run *r, size_t first, size_t end, const mj_tuned_entry *e) {
-  for (size_t i = first; i < end; i++) {
-    const mj_tune_row *row = &r->rows.rows[i];
-    if (row->role == MJ_ROLE_CANDIDATE && row->status == MJ_TS_OK &&
-        same_choice(e, &row->cfg, row->path))
-      return (int)i;
-  }
-  return -1;
-}
-
-/* This run's time of table entry e's configuration at its point (a candidate
- * that ran and passed the check, resumed rows included); 0: not timed. */
-static double time_of_entry(const run *r, const mj_tuned_entry *e) {
-  const int which = strcmp(e->kernel, "gemm1") == 0 ? 1 : 2;
-  for (size_t i = 0; i < r->rows.n; i++) {
-    const mj_tune_row *row = &r->rows.rows[i];
-    if (row->role == MJ_ROLE_CANDIDATE && row->status == MJ_TS_OK && row->which == which &&
-        row->dtype == e->dtype && row->hidden == e->hidden &&
-        row->expert_width == e->expert_width && row->experts == e->experts &&
-        row->top_k == e->top_k && row->tokens == e->tokens && same_choice(e, &row->cfg, row->path))
-      return row->us;
-  }
-  return 0;
-}
-
 /* The tuned table the run writes: --out, or configs/tuned/<device file>. */
 static moejit_status table_path(const run *r, char *path, size_t cap) {
   if (r->o->out_table) return mj_snprintf(path, cap, "%s", r->o->out_table);
@@ -728,7 +713,8 @@ static moejit_status fill_table(run *r, const char *path, mj_tuned_table *t) {
     e.heuristic_us = w->heuristic_us;
     const mj_tuned_entry *old = r->o->keep_within > 0 ? mj_tuned_table_find(t, &e) : NULL;
     if (old && !same_choice(old, &e.cfg, e.path)) {
-      const double us = time_of_entry(r, old);
+      const int at = entry_row(r, 0, r->rows.n, old); /* this run's time of the entry's tile */
+      const double us = at < 0 ? 0 : r->rows.rows[at].us;
       if (us > 0 && us <= e.us * (1 + r->o->keep_within / 100)) {
         e.cfg = old->cfg, e.path = old->path, e.us = us;
         r->sum->table_kept++;
