@@ -503,7 +503,7 @@ static int parse_tile(const char *text, moejit_gemm_cfg *g, int *raster, int *cl
   int n = sscanf(text, "%d,%d,%d,%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
                  &g->warps, raster, cluster, schedule);
   return n >= 5 && n <= 8 && *raster >= -1 && *raster <= 1 && *cluster >= 0 && *cluster <= 2 &&
-         *schedule >= -1 && *schedule <= 1;
+         *schedule >= -1 && *schedule <= MOEJIT_SCHEDULE_PINGPONG;
 }
 
 static void apply_override(moejit_gemm_cfg *dst, const moejit_gemm_cfg *o, int raster,
@@ -777,6 +777,8 @@ static void usage(void) {
       "[--smoke]\n"
       "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] "
       "[--gemm2 ...]\n"
+      "  (tile overrides: RASTER 0 along M, 1 along N, -1 the preset's; CLUSTER_M 1 or 2,\n"
+      "  0 the preset's; SCHEDULE 0 cooperative, 1 pingpong, -1 the preset's)\n"
       "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
       "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
       "uniform top-k routing: median of N launches after 3 warm-ups, beside cuBLAS peers\n"

@@ -140,6 +140,10 @@ typedef enum moejit_gemm_schedule {
   MOEJIT_SCHEDULE_PINGPONG = 1
 } moejit_gemm_schedule;
 
+/* A schedule's name as YAML, the CLI, CSV and JSON write it: "cooperative"
+ * or "pingpong"; "?" for a value outside the enum. */
+MOEJIT_API const char *moejit_gemm_schedule_name(moejit_gemm_schedule schedule);
+
 /* Launch shape of a memory-bound kernel family. */
 typedef struct moejit_simple_kernel_cfg {
   int block_threads; /* threads per block: 32..1024, a multiple of 32 */

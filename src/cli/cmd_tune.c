@@ -201,9 +201,12 @@ static void print_compile(const moejit_tune_summary *s) {
 }
 
 static void cfg_str(const moejit_gemm_cfg *c, char *buf, size_t cap) {
-  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages, c->warps,
-           c->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "", c->cluster_m == 2 ? " c2" : "",
-           c->schedule == MOEJIT_SCHEDULE_PINGPONG ? " pingpong" : "");
+  /* the schedule's name after the rest, cooperative (the default) unnamed */
+  const char *sched =
+      c->schedule == MOEJIT_SCHEDULE_COOPERATIVE ? "" : moejit_gemm_schedule_name(c->schedule);
+  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages,
+           c->warps, c->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "",
+           c->cluster_m == 2 ? " c2" : "", *sched ? " " : "", sched);
 }
 
 static void print_speedups(const moejit_tune_summary *s) {
@@ -280,8 +283,7 @@ static void json_winners(const moejit_tune_summary *s) {
         w->kernel, (long long)w->tokens, moejit_gemm_path_name(w->path), w->cfg.tile_m,
         w->cfg.tile_n, w->cfg.tile_k, w->cfg.stages, w->cfg.warps, w->cfg.cluster_m,
         w->cfg.raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m",
-        w->cfg.schedule == MOEJIT_SCHEDULE_PINGPONG ? "pingpong" : "cooperative", w->us,
-        w->heuristic_us, w->tflops);
+        moejit_gemm_schedule_name(w->cfg.schedule), w->us, w->heuristic_us, w->tflops);
   }
   printf("]");
 }

@@ -143,4 +143,16 @@ void mj_quote(char *buf, size_t cap, const char *s, size_t len);
 /* Arch names the validator accepts ("sm_80 sm_86 ... auto"). */
 const char *mj_arch_allowed(void);
 
+/* The names of moejit_gemm_schedule as YAML, the CLI, CSV and JSON write
+ * them, indexed by value (moejit_gemm_schedule_name reads this table), and
+ * the same names as a message's "allowed ..." list. Every parser and writer
+ * of schedules uses these. */
+#define MJ_SCHEDULE_COUNT 2
+extern const char *const mj_schedule_names[MJ_SCHEDULE_COUNT];
+#define MJ_SCHEDULE_ALLOWED "cooperative, pingpong"
+/* 1 when v is a moejit_gemm_schedule value. */
+static inline int mj_schedule_valid(int64_t v) {
+  return v >= 0 && v < MJ_SCHEDULE_COUNT;
+}
+
 #endif

@@ -20,6 +20,13 @@ const char *moejit_dtype_name(moejit_dtype dtype) {
   return "?";
 }
 
+const char *const mj_schedule_names[MJ_SCHEDULE_COUNT] = {
+    [MOEJIT_SCHEDULE_COOPERATIVE] = "cooperative", [MOEJIT_SCHEDULE_PINGPONG] = "pingpong"};
+
+const char *moejit_gemm_schedule_name(moejit_gemm_schedule schedule) {
+  return mj_schedule_valid((int64_t)schedule) ? mj_schedule_names[schedule] : "?";
+}
+
 size_t moejit_dtype_size(moejit_dtype dtype) {
   switch (dtype) {
     case MOEJIT_DTYPE_FP32:
@@ -121,7 +128,7 @@ typedef struct field_info {
       {"kernels.gemm" n ".warps", "4, 8 or 12"}, {"kernels.gemm" n ".cluster_m", "1 or 2"}, \
       {"kernels.gemm" n ".cluster_n", "1 or 2"},                                            \
       {"kernels.gemm" n ".raster", "along_m or along_n"}, {                                 \
-    "kernels.gemm" n ".schedule", "cooperative or pingpong"                                 \
+    "kernels.gemm" n ".schedule", MJ_SCHEDULE_ALLOWED                                       \
   }
 
 static const field_info fields[MJ_F_COUNT] = {

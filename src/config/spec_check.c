@@ -290,7 +290,7 @@ static moejit_status check_gemm_fields(const checker *c, mj_field b) {
                 "value %lld is not a raster order (allowed %s)", (long long)raster,
                 mj_field_allowed(b + MJ_GEMM_RASTER));
   int64_t schedule = val(c, b + MJ_GEMM_SCHEDULE);
-  if (schedule != MOEJIT_SCHEDULE_COOPERATIVE && schedule != MOEJIT_SCHEDULE_PINGPONG)
+  if (!mj_schedule_valid(schedule))
     return fail(c, path_of(c, b + MJ_GEMM_SCHEDULE), INVOLVED(b + MJ_GEMM_SCHEDULE),
                 "value %lld is not a schedule (allowed %s)", (long long)schedule,
                 mj_field_allowed(b + MJ_GEMM_SCHEDULE));

@@ -107,7 +107,6 @@ SECTION(root_sec, "", root_keys);
 static const char *const dtype_names[] = {"fp32", "fp16", "bf16"};
 static const char *const rule_names[] = {"softmax_topk", "sigmoid_grouped_topk"};
 static const char *const raster_names[] = {"along_m", "along_n"};
-static const char *const schedule_names[] = {"cooperative", "pingpong"};
 
 /* ---- loader state and messages -------------------------------------------- */
 
@@ -436,7 +435,7 @@ static moejit_status load_value(loader *L, const key_def *k, const char *path,
       st = parse_enum(L, v, path, raster_names, 2, &i);
       break;
     case K_SCHEDULE:
-      st = parse_enum(L, v, path, schedule_names, 2, &i);
+      st = parse_enum(L, v, path, mj_schedule_names, MJ_SCHEDULE_COUNT, &i);
       break;
     case K_NAME:
       return load_name(L, v);

@@ -9,9 +9,11 @@
 #include "ops/ops.h"
 
 static void cfg_text(const moejit_gemm_cfg *g, char *buf, size_t cap) {
-  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s", g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps,
-           g->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "", g->cluster_m == 2 ? " c2" : "",
-           g->schedule == MOEJIT_SCHEDULE_PINGPONG ? " pingpong" : "");
+  snprintf(
+      buf, cap, "%dx%dx%d s%d w%d%s%s%s%s", g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps,
+      g->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "", g->cluster_m == 2 ? " c2" : "",
+      g->schedule != MOEJIT_SCHEDULE_COOPERATIVE ? " " : "",
+      g->schedule != MOEJIT_SCHEDULE_COOPERATIVE ? moejit_gemm_schedule_name(g->schedule) : "");
 }
 
 /* Copies b's text into dst, ending in "..." when it does not fit. */

@@ -286,14 +286,15 @@ static moejit_status get_paths(const sl *L, const mj_yaml_node *n, const char *p
 
 static const int kTileM[] = {16, 32, 64, 128, 256}, kTileN[] = {32, 64, 128, 256};
 static const int kTileK[] = {32, 64, 128}, kWarps[] = {4, 8, 12};
-static const value_rule kRules[MJ_P_COUNT] = {{16, 256, kTileM, 5, "16, 32, 64, 128, 256"},
-                                              {32, 256, kTileN, 4, "32, 64, 128, 256"},
-                                              {32, 128, kTileK, 3, "32, 64, 128"},
-                                              {2, 8, NULL, 0, "2..8"},
-                                              {4, 12, kWarps, 3, "4, 8, 12"},
-                                              {0, 1, NULL, 0, "along_m, along_n"},
-                                              {1, 2, NULL, 0, "1, 2"},
-                                              {0, 1, NULL, 0, "cooperative, pingpong"}};
+static const value_rule kRules[MJ_P_COUNT] = {
+    {16, 256, kTileM, 5, "16, 32, 64, 128, 256"},
+    {32, 256, kTileN, 4, "32, 64, 128, 256"},
+    {32, 128, kTileK, 3, "32, 64, 128"},
+    {2, 8, NULL, 0, "2..8"},
+    {4, 12, kWarps, 3, "4, 8, 12"},
+    {0, 1, NULL, 0, "along_m, along_n"},
+    {1, 2, NULL, 0, "1, 2"},
+    {0, MJ_SCHEDULE_COUNT - 1, NULL, 0, MJ_SCHEDULE_ALLOWED}};
 static const char *const kParamNames[MJ_P_COUNT] = {"tile_m", "tile_n", "tile_k",    "stages",
                                                     "warps",  "raster", "cluster_m", "schedule"};
 
@@ -301,11 +302,12 @@ static const char *const kParamNames[MJ_P_COUNT] = {"tile_m", "tile_n", "tile_k"
 static moejit_status get_named(const sl *L, const mj_yaml_node *n, const char *path, int p,
                                mj_sweep_space *sp) {
   static const char *const raster[] = {"along_m", "along_n"};
-  static const char *const schedule[] = {"cooperative", "pingpong"};
+  const int count = p == MJ_P_RASTER ? (int)MJ_ARRAY_LEN(raster) : MJ_SCHEDULE_COUNT;
   unsigned m;
-  moejit_status st = get_mask(L, n, path, p == MJ_P_RASTER ? raster : schedule, 2, 0, &m);
+  moejit_status st =
+      get_mask(L, n, path, p == MJ_P_RASTER ? raster : mj_schedule_names, count, 0, &m);
   sp->n_values[p] = 0;
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < count; i++)
     if (m & (1u << i)) sp->values[p][sp->n_values[p]++] = i;
   return st;
 }

@@ -52,9 +52,12 @@ static plan_key key_of(const mj_gemm_plan *p, const moejit_gemm_cfg *cfg) {
 }
 
 void mj_tune_cfg_str(const moejit_gemm_cfg *c, char *buf, size_t cap) {
-  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages, c->warps,
-           c->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "", c->cluster_m == 2 ? " c2" : "",
-           c->schedule == MOEJIT_SCHEDULE_PINGPONG ? " pingpong" : "");
+  /* the schedule's name after the rest, cooperative (the default) unnamed */
+  const char *sched =
+      c->schedule == MOEJIT_SCHEDULE_COOPERATIVE ? "" : moejit_gemm_schedule_name(c->schedule);
+  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages,
+           c->warps, c->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "",
+           c->cluster_m == 2 ? " c2" : "", *sched ? " " : "", sched);
 }
 
 void mj_tune_cand_spec(const moejit_sweep *sw, int shape, int which, const moejit_gemm_cfg *cfg,

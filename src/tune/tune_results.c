@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "config/config.h"
 #include "tune/tune.h"
 
 static const char *const kStatusNames[MJ_TS_COUNT] = {"pending",        "ok",       "pruned",
@@ -75,9 +76,9 @@ static void csv_row(mj_buf *b, const mj_tune_row *r) {
   mj_buf_printf(b, "%d,%d,%d,%d,%d,%s,%d,%s,%s,%.3f,%.3f,%.2f,%.4g,%d,%s,%s\n", r->cfg.tile_m,
                 r->cfg.tile_n, r->cfg.tile_k, r->cfg.stages, r->cfg.warps,
                 r->cfg.raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m", r->cfg.cluster_m,
-                r->cfg.schedule == MOEJIT_SCHEDULE_PINGPONG ? "pingpong" : "cooperative",
-                mj_tune_status_name(r->status), r->us, r->tflops, r->gbs,
-                isfinite(r->rel_err) ? r->rel_err : 1e30, r->iters, r->date, reason);
+                moejit_gemm_schedule_name(r->cfg.schedule), mj_tune_status_name(r->status), r->us,
+                r->tflops, r->gbs, isfinite(r->rel_err) ? r->rel_err : 1e30, r->iters, r->date,
+                reason);
 }
 
 moejit_status mj_tune_write_csv(const mj_tune_rows *rows, const char *path) {
@@ -146,13 +147,13 @@ static int parse_row(char *line, mj_tune_row *r) {
   char *f[CSV_FIELDS];
   static const char *const roles[] = {"candidate", "heuristic"};
   static const char *const rasters[] = {"along_m", "along_n"};
-  static const char *const schedules[] = {"cooperative", "pingpong"};
   if (split(line, f) != CSV_FIELDS) return 0;
   memset(r, 0, sizeof *r);
   char **t = f + CSV_AFTER_TILE;
   int64_t shape[5], tile[5], cluster, iters;
   int role = find_name(f[10], roles, 2), raster = find_name(t[0], rasters, 2);
-  int schedule = find_name(t[2], schedules, 2), status = find_name(t[3], kStatusNames, MJ_TS_COUNT);
+  int schedule = find_name(t[2], mj_schedule_names, MJ_SCHEDULE_COUNT),
+      status = find_name(t[3], kStatusNames, MJ_TS_COUNT);
   if (strncmp(f[3], "gemm", 4) || (f[3][4] != '1' && f[3][4] != '2') || f[3][5] ||
       !parse_dtype(f[4], &r->dtype) || !parse_ints(f + 5, 5, shape) || role < 0 ||
       !parse_path(f[11], &r->path) || !parse_ints(f + 12, 5, tile) || raster < 0 ||
@@ -235,7 +236,7 @@ static void json_cfg(mj_buf *b, const moejit_gemm_cfg *c) {
                 c->tile_m, c->tile_n, c->tile_k, c->stages, c->warps, c->cluster_m);
   json_str(b, c->raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m");
   mj_buf_puts(b, ",\"schedule\":");
-  json_str(b, c->schedule == MOEJIT_SCHEDULE_PINGPONG ? "pingpong" : "cooperative");
+  json_str(b, moejit_gemm_schedule_name(c->schedule));
 }
 
 static void json_row(mj_buf *b, const mj_tune_row *r) {

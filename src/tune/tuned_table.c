@@ -51,7 +51,6 @@ static const char *const path_names[] = {"mma", "wgmma", "gemv"};
 static const moejit_gemm_path path_values[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
                                                MOEJIT_GEMM_PATH_GEMV};
 static const char *const raster_names[] = {"along_m", "along_n"};
-static const char *const schedule_names[] = {"cooperative", "pingpong"};
 
 static void join(const char *const *names, size_t n, char *buf, size_t cap) {
   size_t o = 0;
@@ -122,10 +121,9 @@ static int cfg_problem(const moejit_gemm_cfg *g, int *key, char *why, size_t cap
     return *key = EK_RASTER,
            out_of(why, cap, "value %d is not a raster order (allowed along_m, along_n)",
                   (int)g->raster);
-  if (g->schedule != MOEJIT_SCHEDULE_COOPERATIVE && g->schedule != MOEJIT_SCHEDULE_PINGPONG)
-    return *key = EK_SCHEDULE,
-           out_of(why, cap, "value %d is not a schedule (allowed cooperative, pingpong)",
-                  (int)g->schedule);
+  if (!mj_schedule_valid((int64_t)g->schedule))
+    return *key = EK_SCHEDULE, out_of(why, cap, "value %d is not a schedule (allowed %s)",
+                                      (int)g->schedule, MJ_SCHEDULE_ALLOWED);
   return 0;
 }
 
@@ -346,7 +344,9 @@ static moejit_status parse_entry_values(const tparser *P, const mj_yaml_node **v
   }
   e->cfg.schedule = MOEJIT_SCHEDULE_COOPERATIVE;
   if (v[EK_SCHEDULE]) {
-    if ((st = get_enum(P, v[EK_SCHEDULE], AT(EK_SCHEDULE), schedule_names, 2, &idx))) return st;
+    if ((st = get_enum(P, v[EK_SCHEDULE], AT(EK_SCHEDULE), mj_schedule_names, MJ_SCHEDULE_COUNT,
+                       &idx)))
+      return st;
     e->cfg.schedule = (moejit_gemm_schedule)idx;
   }
   if ((st = get_enum(P, v[EK_PATH], AT(EK_PATH), path_names, MJ_ARRAY_LEN(path_names), &idx)))
@@ -550,7 +550,8 @@ static void put_entry(mj_buf *b, const mj_tuned_entry *e) {
   if (g->cluster_m != 1 || g->cluster_n != 1)
     mj_buf_printf(b, "cluster: [%d, %d], ", g->cluster_m, g->cluster_n);
   if (g->raster != MOEJIT_RASTER_ALONG_M) mj_buf_printf(b, "raster: %s, ", raster_names[g->raster]);
-  if (g->schedule == MOEJIT_SCHEDULE_PINGPONG) mj_buf_puts(b, "schedule: pingpong, ");
+  if (g->schedule != MOEJIT_SCHEDULE_COOPERATIVE)
+    mj_buf_printf(b, "schedule: %s, ", moejit_gemm_schedule_name(g->schedule));
   mj_buf_printf(b, "path: %s, us: ", moejit_gemm_path_name(e->path));
   put_double(b, e->us);
   mj_buf_puts(b, ", heuristic_us: ");

@@ -624,8 +624,8 @@ Test(config_validate, every_field_is_named) {
   s = valid_spec(), s.gemm2.raster = (moejit_raster)3;
   expect_invalid(&s, "kernels.gemm2.raster: value 3 is not a raster order");
   s = valid_spec(), s.gemm1.schedule = (moejit_gemm_schedule)2;
-  expect_invalid(&s, "kernels.gemm1.schedule: value 2 is not a schedule (allowed cooperative or "
-                     "pingpong)");
+  expect_invalid(
+      &s, "kernels.gemm1.schedule: value 2 is not a schedule (allowed cooperative, pingpong)");
   s = valid_spec(), memset(s.cache_dir, 'c', sizeof s.cache_dir);
   expect_invalid(&s, "cache.dir: is not NUL-terminated");
 }
@@ -665,6 +665,16 @@ Test(config_helpers, dtype_names_and_sizes) {
   cr_assert_str_eq(moejit_dtype_name(MOEJIT_DTYPE_FP16), "fp16");
   cr_assert_str_eq(moejit_dtype_name(MOEJIT_DTYPE_FP32), "fp32");
   cr_assert_str_eq(moejit_dtype_name((moejit_dtype)42), "?");
+  cr_assert_str_eq(moejit_gemm_schedule_name(MOEJIT_SCHEDULE_COOPERATIVE), "cooperative");
+  cr_assert_str_eq(moejit_gemm_schedule_name(MOEJIT_SCHEDULE_PINGPONG), "pingpong");
+  cr_assert_str_eq(moejit_gemm_schedule_name((moejit_gemm_schedule)MJ_SCHEDULE_COUNT), "?");
+  cr_assert_str_eq(moejit_gemm_schedule_name((moejit_gemm_schedule)-1), "?");
+  /* the allowed-values text lists the table's names */
+  char joined[128] = "";
+  for (int i = 0; i < MJ_SCHEDULE_COUNT; i++)
+    snprintf(joined + strlen(joined), sizeof joined - strlen(joined), "%s%s", i ? ", " : "",
+             mj_schedule_names[i]);
+  cr_assert_str_eq(joined, MJ_SCHEDULE_ALLOWED);
   cr_assert_eq(moejit_dtype_size(MOEJIT_DTYPE_BF16), 2);
   cr_assert_eq(moejit_dtype_size(MOEJIT_DTYPE_FP16), 2);
   cr_assert_eq(moejit_dtype_size(MOEJIT_DTYPE_FP32), 4);
@@ -824,4 +834,33 @@ Test(config_load, gemm_schedule) {
   cr_assert_eq(spec.gemm1.schedule, MOEJIT_SCHEDULE_COOPERATIVE, "the default");
   snprintf(yaml, sizeof yaml, base, "pingpnog");
   expect_error(yaml, 4, 47, "did you mean 'pingpong'");
+  snprintf(yaml, sizeof yaml, base, "split");
+  expect_error(yaml, 4, 47,
+               "'split' is not one of the allowed values (allowed cooperative, pingpong)");
+}
+
+/* Each schedule's name loads as its value, validates, and loads back the
+ * same (every schedule: name -> value -> name). */
+Test(config_load, gemm_schedule_round_trips) {
+  const char *base =
+      "name: sched\nmodel: {hidden: 2048, expert_width: 768, experts: 128, top_k: 8}\n"
+      "kernels:\n  gemm1: {tile_m: 64, tile_n: 256, schedule: %s}\n"
+      "  gemm2: {tile_m: 128, tile_n: 128, schedule: %s}\n";
+  char yaml[512];
+  moejit_spec spec, back;
+  snprintf(yaml, sizeof yaml, base, "pingpong", "cooperative");
+  cr_assert_eq(load_text(yaml, &spec), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(spec.gemm1.schedule, MOEJIT_SCHEDULE_PINGPONG);
+  cr_assert_eq(spec.gemm2.schedule, MOEJIT_SCHEDULE_COOPERATIVE);
+  cr_assert_eq(moejit_spec_validate(&spec), MOEJIT_OK, "%s", moejit_last_error());
+  const moejit_gemm_schedule all[] = {MOEJIT_SCHEDULE_COOPERATIVE, MOEJIT_SCHEDULE_PINGPONG};
+  cr_assert_eq(MJ_ARRAY_LEN(all), MJ_SCHEDULE_COUNT);
+  for (size_t i = 0; i < MJ_ARRAY_LEN(all); i++) {
+    spec.gemm1.schedule = all[i], spec.gemm2.schedule = all[(i + 1) % MJ_ARRAY_LEN(all)];
+    snprintf(yaml, sizeof yaml, base, moejit_gemm_schedule_name(spec.gemm1.schedule),
+             moejit_gemm_schedule_name(spec.gemm2.schedule));
+    cr_assert_eq(load_text(yaml, &back), MOEJIT_OK, "%s", moejit_last_error());
+    cr_assert_eq(back.gemm1.schedule, spec.gemm1.schedule, "%s", yaml);
+    cr_assert_eq(back.gemm2.schedule, spec.gemm2.schedule, "%s", yaml);
+  }
 }

@@ -913,3 +913,67 @@ Test(tune_engine, keep_within_keeps_close_entries_and_replaces_the_rest) {
   moejit_tune_summary_free(&first);
   moejit_tune_summary_free(&again);
 }
+
+/* results.csv and results.json name each schedule (pingpong included) and
+ * the CSV reads back to the same value; mj_tune_cfg_str names it after the
+ * tile (cooperative, the default, unnamed). */
+Test(tune_results, every_schedule_round_trips_through_csv_and_json) {
+  static const moejit_gemm_schedule kScheds[] = {MOEJIT_SCHEDULE_COOPERATIVE,
+                                                 MOEJIT_SCHEDULE_PINGPONG};
+  static const char *const kNames[] = {"cooperative", "pingpong"};
+  static const char *const kStrs[] = {"64x256x64 s4 w8", "64x256x64 s4 w8 pingpong"};
+  char *dir = ts_mkdtemp("tune-sched");
+  char csv[2048], json[2048];
+  snprintf(csv, sizeof csv, "%s/results.csv", dir);
+  snprintf(json, sizeof json, "%s/results.json", dir);
+  mj_tune_rows rows = {0}, back;
+  moejit_tune_winner w[MJ_ARRAY_LEN(kScheds)];
+  memset(w, 0, sizeof w);
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kScheds); i++) {
+    mj_tune_row r;
+    memset(&r, 0, sizeof r);
+    strcpy(r.device, "Fake GPU");
+    strcpy(r.arch, "sm_90a");
+    strcpy(r.shape, "tiny");
+    strcpy(r.date, "2026-01-01");
+    r.which = 1, r.dtype = MOEJIT_DTYPE_BF16, r.hidden = 512, r.expert_width = 256;
+    r.experts = 8, r.top_k = 2, r.tokens = 64, r.role = MJ_ROLE_CANDIDATE;
+    r.path = MOEJIT_GEMM_PATH_WGMMA, r.status = MJ_TS_OK, r.us = 10 + (double)i, r.iters = 20;
+    r.cfg = (moejit_gemm_cfg){64, 256, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_M, kScheds[i]};
+    cr_assert_eq(mj_tune_rows_push(&rows, &r), MOEJIT_OK);
+    char cfg[96];
+    mj_tune_cfg_str(&r.cfg, cfg, sizeof cfg);
+    cr_expect_str_eq(cfg, kStrs[i]);
+    strcpy(w[i].kernel, "gemm1"), strcpy(w[i].shape, "tiny");
+    w[i].cfg = r.cfg, w[i].path = MOEJIT_GEMM_PATH_WGMMA, w[i].us = r.us, w[i].tokens = 64;
+  }
+  cr_assert_eq(mj_tune_write_csv(&rows, csv), MOEJIT_OK, "%s", moejit_last_error());
+  char *text = slurp(dir, "results.csv");
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kNames); i++) {
+    char want[64];
+    snprintf(want, sizeof want, ",along_m,1,%s,ok,", kNames[i]);
+    cr_expect_eq(ts_count_substr(text, want), 1, "want '%s' in:\n%s", want, text);
+  }
+  free(text);
+  cr_assert_eq(mj_tune_read_csv(csv, &back), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(back.n, rows.n);
+  for (size_t i = 0; i < back.n; i++) {
+    cr_expect_eq(back.rows[i].cfg.schedule, kScheds[i], "row %zu", i);
+    cr_expect(mj_tune_row_same(&back.rows[i], &rows.rows[i]), "row %zu", i);
+  }
+  mj_tune_meta meta = {"s", "Fake GPU", "sm_90a", "12.8", "2026-01-01", 12080};
+  cr_assert_eq(mj_tune_write_json(&rows, &meta, w, MJ_ARRAY_LEN(w), json), MOEJIT_OK, "%s",
+               moejit_last_error());
+  text = slurp(dir, "results.json");
+  cr_assert(ts_json_valid(text), "not JSON:\n%s", text);
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kNames); i++) {
+    char want[64];
+    snprintf(want, sizeof want, "\"schedule\":\"%s\"", kNames[i]);
+    cr_expect_eq(ts_count_substr(text, want), 2, "a winner and a row: '%s'", want);
+  }
+  free(text);
+  mj_tune_rows_free(&rows), mj_tune_rows_free(&back);
+  ts_rmtree(dir);
+  free(dir);
+}
+

@@ -444,6 +444,33 @@ Test(tune_sweep, schedule_parameter) {
       "spaces[0].schedule", "allowed cooperative, pingpong");
 }
 
+/* Every schedule by name, in enum order whatever the list's order; one
+ * alone; a near miss is refused with the two names. */
+Test(tune_sweep, schedule_names_parse_in_enum_order) {
+  moejit_sweep *sw = load(
+      "name: s\ntokens: [2048]\nshapes: [olmoe-1b-7b]\nkernels: [gemm1]\npaths: [wgmma]\n"
+      "spaces:\n  - {tile_m: 128, tile_n: 128, tile_k: 64, stages: 4,"
+      " schedule: [cooperative, pingpong]}\n"
+      "  - {tile_m: 64, tile_n: 256, tile_k: 64, stages: 4, schedule: [pingpong, cooperative]}\n"
+      "  - {tile_m: 64, tile_n: 256, tile_k: 64, stages: 4, schedule: pingpong}\n");
+  const mj_sweep_space *sp = &sw->spaces[0];
+  cr_assert_eq(sp->n_values[MJ_P_SCHEDULE], 2);
+  cr_assert_eq(sp->values[MJ_P_SCHEDULE][0], MOEJIT_SCHEDULE_COOPERATIVE);
+  cr_assert_eq(sp->values[MJ_P_SCHEDULE][1], MOEJIT_SCHEDULE_PINGPONG);
+  sp = &sw->spaces[1];
+  cr_assert_eq(sp->n_values[MJ_P_SCHEDULE], 2);
+  cr_assert_eq(sp->values[MJ_P_SCHEDULE][0], MOEJIT_SCHEDULE_COOPERATIVE);
+  cr_assert_eq(sp->values[MJ_P_SCHEDULE][1], MOEJIT_SCHEDULE_PINGPONG);
+  sp = &sw->spaces[2];
+  cr_assert_eq(sp->n_values[MJ_P_SCHEDULE], 1);
+  cr_assert_eq(sp->values[MJ_P_SCHEDULE][0], MOEJIT_SCHEDULE_PINGPONG);
+  moejit_sweep_destroy(sw);
+  load_fails(
+      "name: s\ntokens: [1]\nshapes: [olmoe-1b-7b]\n"
+      "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2, schedule: [ping-pong]}\n",
+      "spaces[0].schedule", "allowed cooperative, pingpong");
+}
+
 static size_t count_cands(const mj_tune_plan *p, int which, moejit_gemm_path path, int pruned) {
   size_t n = 0;
   for (size_t i = 0; i < p->n; i++)

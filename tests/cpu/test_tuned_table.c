@@ -46,7 +46,7 @@ static mj_tuned_entry random_entry(ts_rng *r) {
                             (int)(1 + ts_next(r) % 2),
                             (int)(1 + ts_next(r) % 2),
                             (moejit_raster)(ts_next(r) % 2),
-                            (moejit_gemm_schedule)(ts_next(r) % 2)};
+                            (moejit_gemm_schedule)(ts_next(r) % MJ_SCHEDULE_COUNT)};
   e.path = (moejit_gemm_path[]){MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
                                 MOEJIT_GEMM_PATH_GEMV}[ts_next(r) % 3];
   e.us = ts_uniform(r, 0.5, 5000.0);
@@ -330,6 +330,61 @@ Test(tuned_table, the_template_entry_parses) {
   free(text);
 }
 
+/* Each schedule by name: parsed into its value, written back under the
+ * same name (cooperative, the default, left out), read back the same; a
+ * value outside the enum is refused by put with the allowed names. */
+Test(tuned_table, every_schedule_parses_and_writes_back) {
+  static const struct {
+    const char *name;
+    moejit_gemm_schedule value;
+  } kScheds[] = {{"cooperative", MOEJIT_SCHEDULE_COOPERATIVE},
+                 {"pingpong", MOEJIT_SCHEDULE_PINGPONG}};
+  cr_assert_eq(MJ_ARRAY_LEN(kScheds), MJ_SCHEDULE_COUNT);
+  char *dir = ts_mkdtemp("tuned-sched");
+  char path[1200], extra[64], want[160];
+  snprintf(path, sizeof path, "%s/t.yaml", dir);
+  for (size_t i = 0; i < MJ_ARRAY_LEN(kScheds); i++) {
+    snprintf(extra, sizeof extra, "schedule: %s", kScheds[i].name);
+    char *text = entry_text("tile", "[128, 256, 64]", extra);
+    mj_tuned_table t, back;
+    OK(mj_tuned_table_parse(text, strlen(text), "good.yaml", &t));
+    cr_assert_eq(t.n, 1);
+    cr_expect_eq(t.entries[0].cfg.schedule, kScheds[i].value, "%s", kScheds[i].name);
+    cr_expect_str_eq(moejit_gemm_schedule_name(t.entries[0].cfg.schedule), kScheds[i].name);
+    OK(mj_tuned_table_write(&t, path));
+    char *out = NULL;
+    size_t len = 0;
+    OK(mj_read_file(path, &out, &len));
+    if (kScheds[i].value == MOEJIT_SCHEDULE_COOPERATIVE)
+      snprintf(want, sizeof want, "warps: 8, path: wgmma, us: 21.3");
+    else
+      snprintf(want, sizeof want, "warps: 8, schedule: %s, path: wgmma, us: 21.3", kScheds[i].name);
+    cr_expect(strstr(out, want) != NULL, "want '%s' in:\n%s", want, out);
+    OK(mj_tuned_table_load_file(path, &back));
+    cr_assert_eq(back.n, 1);
+    expect_same_entry(&t.entries[0], &back.entries[0], 0);
+    free(out), free(text);
+    mj_tuned_table_free(&t), mj_tuned_table_free(&back);
+  }
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  mj_tuned_entry e;
+  memset(&e, 0, sizeof e);
+  strcpy(e.kernel, "gemm1");
+  e.dtype = MOEJIT_DTYPE_BF16, e.hidden = 2048, e.expert_width = 768, e.experts = 128;
+  e.top_k = 8, e.tokens = 64, e.path = MOEJIT_GEMM_PATH_WGMMA, e.us = 10;
+  e.cfg = ts_tile(64, 256, 64, 4, 8);
+  e.cfg.schedule = (moejit_gemm_schedule)MJ_SCHEDULE_COUNT;
+  cr_expect_neq(mj_tuned_table_put(&t, &e), MOEJIT_OK);
+  cr_expect(strstr(moejit_last_error(),
+                   "value 2 is not a schedule (allowed cooperative, pingpong)") != NULL,
+            "%s", moejit_last_error());
+  cr_expect_eq(t.n, 0);
+  mj_tuned_table_free(&t);
+  ts_rmtree(dir);
+  free(dir);
+}
+
 Test(tuned_table, out_of_range_values_name_their_position) {
   expect_value_error("kernel", "gemm3", "allowed gemm1, gemm2");
   expect_value_error("dtype", "fp32", "allowed bf16, fp16");
@@ -366,6 +421,10 @@ Test(tuned_table, structure_errors_name_their_position) {
   free(text);
   text = entry_text(NULL, NULL, "raster: diagonal");
   expect_error(text, "bad.yaml:15:13: entries[0].raster", "allowed along_m, along_n");
+  free(text);
+  text = entry_text(NULL, NULL, "schedule: split");
+  expect_error(text, "bad.yaml:15:15: entries[0].schedule",
+               "'split' is not one of the allowed values (allowed cooperative, pingpong)");
   free(text);
   text = entry_text(NULL, NULL, "heuristic_us: -3");
   expect_error(text, "bad.yaml:15:19: entries[0].heuristic_us", "out of range");
