@@ -244,7 +244,11 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
  * $MOEJIT_GEMM1_GATHER=1 gathers wherever the kernel can, 0 never. */
 int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
                          int64_t l2_bytes) {
-  const mj_gemm_plan *p = &gemm1->plan;
+  return mj_gemm1_plan_gathers(spec, tokens, &gemm1->plan, l2_bytes);
+}
+
+int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_plan *p,
+                          int64_t l2_bytes) {
   if (!p->use_wgmma || p->wg_narrow) return 0;
   int want = p->tile_m == 64;
   if (!want && p->tile_m == 128 && !p->wg_pingpong && p->wg_cluster == 1 &&

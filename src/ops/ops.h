@@ -113,6 +113,10 @@ int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choi
  * "1" gathers wherever the kernel can, "0" never. Host only. */
 int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
                          int64_t l2_bytes);
+/* The same rule for GEMM 1's launch plan (the autotuner's, which has no
+ * choice). */
+int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_plan *plan,
+                          int64_t l2_bytes);
 
 struct moejit_model {
   moejit_ctx *ctx; /* borrowed */

@@ -162,6 +162,7 @@ typedef struct mj_tune_row {
   char reason[192];
   double us, tflops, gbs, rel_err;
   int iters;
+  double copy_us; /* GEMM 1: the permuted copy's charge inside us (0: gathers, or none) */
   char date[16];
   /* engine bookkeeping (not written) */
   int cand; /* index into the plan, -1 for heuristic rows */
@@ -224,10 +225,12 @@ void mj_tune_data_free(mj_tune_data *d);
 /* The float64 reference of rows[0..n_rows) of GEMM `which` (gemm2 without
  * row scale): A [max_rows, K] at a_offset, W at w_offset (layouts of
  * moejit/gemm.h), expert of each row from offsets. ref is [n_rows, N]. Runs
- * on `jobs` threads. */
+ * on `jobs` threads. a_period > 0: A repeats every a_period rows (row r of A
+ * is row r % a_period of the pattern; the GPU backend's GEMM 1 inputs,
+ * which x's rows gather to). */
 void mj_tune_reference(const mj_tune_data *d, const moejit_spec *spec, int which,
                        const int32_t *offsets, const int64_t *rows, int n_rows, size_t a_offset,
-                       size_t w_offset, int jobs, double *ref);
+                       int64_t a_period, size_t w_offset, int jobs, double *ref);
 
 /* ||got - ref|| / ||ref|| over n values stored as dtype bits; INFINITY for
  * a NaN or infinity. */
@@ -266,9 +269,14 @@ typedef struct mj_tune_group {
 } mj_tune_group;
 
 typedef struct mj_tune_measurement {
-  double us;      /* median; 0 when not timed (wrong) */
+  double us;      /* median (with copy_us); 0 when not timed (wrong) */
   double rel_err; /* on the sampled rows */
   int iters;      /* timed launches behind the median */
+  /* GEMM 1 as the layer runs it (docs/tune.md, "GEMM 1 as the layer runs
+   * it"): 1 when the candidate gathers x's rows in place; otherwise the
+   * layer's permuted copy of x, charged as copy_us (in us) */
+  int gathers;
+  double copy_us;
 } mj_tune_measurement;
 
 typedef struct mj_tune_backend {

@@ -176,7 +176,7 @@ static int expert_of(const int32_t *offsets, int32_t experts, int64_t row) {
 
 void mj_tune_reference(const mj_tune_data *d, const moejit_spec *spec, int which,
                        const int32_t *offsets, const int64_t *rows, int n_rows, size_t a_offset,
-                       size_t w_offset, int jobs, double *ref) {
+                       int64_t a_period, size_t w_offset, int jobs, double *ref) {
   int64_t f = spec->expert_width, hidden = spec->hidden;
   ref_job j = {d,
                which,
@@ -197,7 +197,8 @@ void mj_tune_reference(const mj_tune_data *d, const moejit_spec *spec, int which
   }
   for (int r = 0; r < n_rows; r++) {
     expert[r] = expert_of(offsets, spec->experts, rows[r]);
-    size_t p = (a_offset + (size_t)rows[r] * (size_t)j.k) % d->n;
+    const int64_t a_row = a_period > 0 ? rows[r] % a_period : rows[r];
+    size_t p = (a_offset + (size_t)a_row * (size_t)j.k) % d->n;
     for (int64_t i = 0; i < j.k; i++) {
       a[(size_t)r * (size_t)j.k + (size_t)i] = d->lut[d->chunk[p]];
       if (++p == d->n) p = 0;

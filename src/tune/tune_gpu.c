@@ -1,7 +1,8 @@
 /* The autotuner's backends: the GPU one (inputs tiled from a host pattern,
  * rotated across sets so timings are not L2-warm, a check of sampled rows
  * against the float64 reference, then warm-up and CUDA-event timing, the
- * median of N) and the compile-only one (no GPU: cache warming). */
+ * median of N; GEMM 1 as the layer runs it, gathering x's rows or charged
+ * the permuted copy) and the compile-only one (no GPU: cache warming). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,11 +11,13 @@
 #include "common/common.h"
 #include "compile/compile.h"
 #include "config/config.h"
+#include "ops/ops.h"
 #include "tune/tune.h"
 
 #define MJ_TUNE_CHUNK_ELEMS ((size_t)8 << 20) /* 16 MB pattern period */
 #define MJ_TUNE_MAX_SETS 8
 #define MJ_TUNE_MAX_ITERS 1000
+#define MJ_TUNE_COPY_TIMINGS 5 /* memsets timed for the permuted copy's charge */
 
 typedef struct io_set {
   void *a, *out, *w; /* w: this set's copy, or NULL (the shared weights) */
@@ -40,6 +43,16 @@ typedef struct gpu {
   moejit_event ev[MJ_TUNE_MAX_ITERS + 1];
   int n_ev;
   uint32_t *round_sync; /* GEMM 1's rounds-in-step words, as the layer passes them */
+  /* GEMM 1 as the layer runs it (docs/tune.md): A repeats every `period`
+   * (= T) rows, so its first T rows are x, and `index` [rows] names for A
+   * row r the slot (r % T) * k + r / T, whose x row (slot / k) holds the
+   * same values; a candidate whose plan the layer gathers with
+   * (mj_gemm1_plan_gathers) reads x through it, the others read A and are
+   * charged copy_us, the time to write A (align's permuted copy) */
+  int64_t period; /* 0: GEMM 2 */
+  void *index;
+  double copy_us;
+  int gathers; /* the candidate being measured gathers */
 } gpu;
 
 /* ---- inputs --------------------------------------------------------------------- */
@@ -69,7 +82,8 @@ static void free_sets(gpu *g) {
     free_ptr(g, &g->sets[i].a), free_ptr(g, &g->sets[i].out);
     free_ptr(g, &g->sets[i].w), free_ptr(g, &g->sets[i].offsets);
   }
-  g->n_sets = 0;
+  free_ptr(g, &g->index);
+  g->n_sets = 0, g->period = 0, g->copy_us = 0, g->gathers = 0;
   free(g->ref), free(g->got);
   g->ref = NULL, g->got = NULL;
 }
@@ -124,19 +138,79 @@ static int set_count(const gpu *g, const mj_tune_group *grp, size_t a_bytes, siz
   return n < 1 ? 1 : n > MJ_TUNE_MAX_SETS ? MJ_TUNE_MAX_SETS : n;
 }
 
+/* A of set i from the pattern at a_offset: with a period (GEMM 1), its
+ * first `period` rows, then copies of them down to the last row. */
+static moejit_status fill_a(gpu *g, void *a, size_t a_bytes, size_t a_offset) {
+  if (!g->period) return fill_pattern(g, a, a_bytes / 2, a_offset);
+  const size_t row_bytes = (size_t)g->k * 2, x_bytes = (size_t)g->period * row_bytes;
+  moejit_status st = fill_pattern(g, a, x_bytes / 2, a_offset);
+  for (size_t off = x_bytes; !st && off < a_bytes; off += x_bytes)
+    st = moejit_memcpy_dtod(g->ctx, (char *)a + off, a,
+                            a_bytes - off < x_bytes ? a_bytes - off : x_bytes, g->stream);
+  return st;
+}
+
 static moejit_status make_set(gpu *g, const mj_tune_group *grp, int i, size_t a_bytes,
                               size_t out_bytes) {
   io_set *s = &g->sets[i];
   size_t a_offset =
       i == 0 ? g->a_offset : (size_t)(mj_tune_mix(grp->seed, 100 + (uint64_t)i) % g->data->n);
   moejit_status st = moejit_mem_alloc(g->ctx, a_bytes, g->stream, &s->a);
-  if (!st) st = fill_pattern(g, s->a, a_bytes / 2, a_offset);
+  if (!st) st = fill_a(g, s->a, a_bytes, a_offset);
   if (!st) st = moejit_mem_alloc(g->ctx, out_bytes, g->stream, &s->out);
   if (!st) st = upload_routing(g, grp, i, &s->offsets);
   if (!st && i > 0 && (double)g->w_bytes < grp->rotate_bytes &&
       !(st = moejit_mem_alloc(g->ctx, g->w_bytes, g->stream, &s->w)))
     st = moejit_memcpy_dtod(g->ctx, s->w, g->w, g->w_bytes, g->stream);
   return st;
+}
+
+static moejit_status events(gpu *g, int n) {
+  for (; g->n_ev < n; g->n_ev++) {
+    moejit_status st = moejit_event_create(g->ctx, &g->ev[g->n_ev]);
+    if (st) return st;
+  }
+  return MOEJIT_OK;
+}
+
+/* GEMM 1's gather index (gpu.index): slot (r % T) * k + r / T for A row r. */
+static moejit_status upload_index(gpu *g, const mj_tune_group *grp) {
+  const int64_t rows = grp->rows, t = g->period, k = grp->base->top_k;
+  int32_t *idx = malloc((size_t)rows * sizeof *idx + 1);
+  if (!idx) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of host memory for the gather index");
+  for (int64_t r = 0; r < rows; r++) idx[r] = (int32_t)((r % t) * k + r / t);
+  moejit_status st = moejit_mem_alloc(g->ctx, (size_t)rows * sizeof *idx, g->stream, &g->index);
+  if (!st) st = moejit_memcpy_htod(g->ctx, g->index, idx, (size_t)rows * sizeof *idx, g->stream);
+  if (!st) st = moejit_stream_synchronize(g->ctx, g->stream); /* idx is freed next */
+  free(idx);
+  return st;
+}
+
+/* The charge of GEMM 1's permuted copy: the median time to write A's bytes
+ * (memsets over set 0's A, which is filled again after), which is what
+ * align's scatter spends (it reads x's rows from L2). None where the layer
+ * is the two-launch decode one (at most MOEJIT_GEMV_PASS_ROWS rows), which
+ * neither copies nor gathers. */
+static moejit_status time_copy(gpu *g, const mj_tune_group *grp, size_t a_bytes) {
+  g->copy_us = 0;
+  if (grp->rows <= MOEJIT_GEMV_PASS_ROWS) return MOEJIT_OK;
+  double us[MJ_TUNE_COPY_TIMINGS];
+  moejit_status st = events(g, MJ_TUNE_COPY_TIMINGS + 1);
+  if (!st) st = moejit_event_record(g->ctx, g->ev[0], g->stream);
+  for (int i = 0; i < MJ_TUNE_COPY_TIMINGS && !st; i++) {
+    st = moejit_memset_d32(g->ctx, g->sets[0].a, 0x3f803f80u, a_bytes / 4, g->stream);
+    if (!st) st = moejit_event_record(g->ctx, g->ev[i + 1], g->stream);
+  }
+  if (!st) st = moejit_event_synchronize(g->ctx, g->ev[MJ_TUNE_COPY_TIMINGS]);
+  for (int i = 0; i < MJ_TUNE_COPY_TIMINGS && !st; i++) {
+    float ms;
+    st = moejit_event_elapsed_ms(g->ctx, g->ev[i], g->ev[i + 1], &ms);
+    us[i] = ms * 1e3;
+  }
+  if (st) return st;
+  qsort(us, MJ_TUNE_COPY_TIMINGS, sizeof *us, mj_tune_cmp_double);
+  g->copy_us = us[MJ_TUNE_COPY_TIMINGS / 2];
+  return fill_a(g, g->sets[0].a, a_bytes, g->a_offset);
 }
 
 static moejit_status gpu_open(void *state, const mj_tune_group *grp) {
@@ -151,8 +225,11 @@ static moejit_status gpu_open(void *state, const mj_tune_group *grp) {
   g->n_out = grp->which == 1 ? s->expert_width : s->hidden;
   size_t a_bytes = (size_t)(grp->rows * g->k) * 2, out_bytes = (size_t)(grp->rows * g->n_out) * 2;
   g->a_offset = (size_t)(mj_tune_mix(grp->seed, 99) % g->data->n);
+  g->period = grp->which == 1 ? grp->tokens : 0;
   int n = set_count(g, grp, a_bytes, out_bytes);
   for (int i = 0; i < n && !st; i++, g->n_sets++) st = make_set(g, grp, i, a_bytes, out_bytes);
+  if (!st && g->period) st = upload_index(g, grp);
+  if (!st && g->period) st = time_copy(g, grp, a_bytes);
   g->n_check =
       mj_tune_check_rows(grp->offsets, s->experts, grp->check_rows, grp->seed, g->check_rows);
   g->ref = malloc((size_t)g->n_check * (size_t)g->n_out * sizeof *g->ref + 1);
@@ -161,7 +238,7 @@ static moejit_status gpu_open(void *state, const mj_tune_group *grp) {
     st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of host memory for the check");
   if (!st) {
     mj_tune_reference(g->data, s, grp->which, grp->offsets, g->check_rows, g->n_check, g->a_offset,
-                      g->w_offset, grp->jobs, g->ref);
+                      g->period, g->w_offset, grp->jobs, g->ref);
     st = moejit_stream_synchronize(g->ctx, g->stream);
   }
   if (st) free_sets(g);
@@ -186,6 +263,8 @@ static moejit_status launch(gpu *g, const mj_tune_group *grp, const moejit_spec 
                         .max_rows = grp->rows,
                         .path = path,
                         .round_sync = grp->which == 1 ? g->round_sync : NULL};
+  if (g->gathers) /* x is A's first T rows (gpu.index) */
+    a.a_index = g->index, a.a_index_div = grp->base->top_k, a.a_rows = g->period;
   return grp->which == 1 ? moejit_gemm1_swiglu(g->ctx, spec, &a, g->stream)
                          : moejit_gemm2(g->ctx, spec, &a, g->stream);
 }
@@ -206,14 +285,6 @@ static moejit_status check(gpu *g, const mj_tune_group *grp, const moejit_spec *
   if (!st)
     *rel_err = mj_tune_rel_error(g->data, g->got, g->ref, (size_t)g->n_check * (size_t)g->n_out);
   return st;
-}
-
-static moejit_status events(gpu *g, int n) {
-  for (; g->n_ev < n; g->n_ev++) {
-    moejit_status st = moejit_event_create(g->ctx, &g->ev[g->n_ev]);
-    if (st) return st;
-  }
-  return MOEJIT_OK;
 }
 
 /* Warm-up launches, timed as a whole to size the run: at most
@@ -268,10 +339,18 @@ static moejit_status gpu_measure(void *state, const mj_tune_group *grp, const mo
                                  moejit_gemm_path path, mj_tune_measurement *m) {
   gpu *g = state;
   memset(m, 0, sizeof *m);
+  g->gathers = 0;
+  mj_gemm_plan plan;
+  if (g->period && g->index &&
+      mj_gemm_plan_make_for(spec, 1, path, grp->rows, g->arch, &plan) == MOEJIT_OK)
+    g->gathers = mj_gemm1_plan_gathers(spec, grp->tokens, &plan, mj_ctx_l2_bytes(g->ctx));
   moejit_status st = events(g, 2);
   if (!st) st = check(g, grp, spec, path, &m->rel_err);
   if (st || !(m->rel_err <= grp->tolerance)) return st; /* a wrong kernel is not timed */
-  return time_launches(g, grp, spec, path, m);
+  if ((st = time_launches(g, grp, spec, path, m))) return st;
+  m->gathers = g->gathers;
+  if (!g->gathers && g->copy_us > 0) m->copy_us = g->copy_us, m->us += g->copy_us;
+  return MOEJIT_OK;
 }
 
 static int gpu_alive(void *state) {

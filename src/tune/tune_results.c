@@ -51,8 +51,8 @@ int mj_tune_row_same(const mj_tune_row *a, const mj_tune_row *b) {
 #define CSV_HEADER                                                                            \
   "device,arch,shape,kernel,dtype,hidden,expert_width,experts,top_k,tokens,role,path,tile_m," \
   "tile_n,tile_k,stages,warps,raster,cluster_m,schedule,status,median_us,tflops,gbs,rel_err," \
-  "iters,date,reason"
-#define CSV_FIELDS 28
+  "iters,copy_us,date,reason"
+#define CSV_FIELDS 29
 
 /* Free text in a CSV field: no separators, quotes or line breaks. */
 static void csv_clean(const char *s, char *out, size_t cap) {
@@ -73,12 +73,12 @@ static void csv_row(mj_buf *b, const mj_tune_row *r) {
                 r->expert_width, (int)r->experts, (int)r->top_k, r->tokens,
                 r->role == MJ_ROLE_HEURISTIC ? "heuristic" : "candidate",
                 moejit_gemm_path_name(r->path));
-  mj_buf_printf(b, "%d,%d,%d,%d,%d,%s,%d,%s,%s,%.3f,%.3f,%.2f,%.4g,%d,%s,%s\n", r->cfg.tile_m,
+  mj_buf_printf(b, "%d,%d,%d,%d,%d,%s,%d,%s,%s,%.3f,%.3f,%.2f,%.4g,%d,%.3f,%s,%s\n", r->cfg.tile_m,
                 r->cfg.tile_n, r->cfg.tile_k, r->cfg.stages, r->cfg.warps,
                 r->cfg.raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m", r->cfg.cluster_m,
                 moejit_gemm_schedule_name(r->cfg.schedule), mj_tune_status_name(r->status), r->us,
-                r->tflops, r->gbs, isfinite(r->rel_err) ? r->rel_err : 1e30, r->iters, r->date,
-                reason);
+                r->tflops, r->gbs, isfinite(r->rel_err) ? r->rel_err : 1e30, r->iters, r->copy_us,
+                r->date, reason);
 }
 
 moejit_status mj_tune_write_csv(const mj_tune_rows *rows, const char *path) {
@@ -159,13 +159,13 @@ static int parse_row(char *line, mj_tune_row *r) {
       !parse_path(f[11], &r->path) || !parse_ints(f + 12, 5, tile) || raster < 0 ||
       !parse_i64(t[1], &cluster) || schedule < 0 || status < 0 || !parse_num(t[4], &r->us) ||
       !parse_num(t[5], &r->tflops) || !parse_num(t[6], &r->gbs) || !parse_num(t[7], &r->rel_err) ||
-      !parse_i64(t[8], &iters))
+      !parse_i64(t[8], &iters) || !parse_num(t[9], &r->copy_us))
     return 0;
   mj_strlcpy(r->device, f[0], sizeof r->device);
   mj_strlcpy(r->arch, f[1], sizeof r->arch);
   mj_strlcpy(r->shape, f[2], sizeof r->shape);
-  mj_strlcpy(r->date, t[9], sizeof r->date);
-  mj_strlcpy(r->reason, t[10], sizeof r->reason);
+  mj_strlcpy(r->date, t[10], sizeof r->date);
+  mj_strlcpy(r->reason, t[11], sizeof r->reason);
   r->which = f[3][4] - '0';
   r->hidden = shape[0], r->expert_width = shape[1];
   r->experts = (int32_t)shape[2], r->top_k = (int32_t)shape[3], r->tokens = shape[4];
@@ -258,6 +258,8 @@ static void json_row(mj_buf *b, const mj_tune_row *r) {
   json_num(b, r->tflops);
   mj_buf_puts(b, ",\"gbs\":");
   json_num(b, r->gbs);
+  mj_buf_puts(b, ",\"copy_us\":");
+  json_num(b, r->copy_us);
   mj_buf_puts(b, ",\"rel_err\":");
   json_num(b, r->rel_err);
   mj_buf_printf(b, ",\"iters\":%d,\"date\":", r->iters);

@@ -204,7 +204,7 @@ static moejit_status resume(run *r) {
         continue;
       row->status = old->status;
       row->us = old->us, row->tflops = old->tflops, row->gbs = old->gbs;
-      row->rel_err = old->rel_err, row->iters = old->iters;
+      row->rel_err = old->rel_err, row->iters = old->iters, row->copy_us = old->copy_us;
       mj_strlcpy(row->date, old->date, sizeof row->date);
       mj_strlcpy(row->reason, old->reason, sizeof row->reason);
       row->resumed = 1;
@@ -346,6 +346,7 @@ static void measure_row(run *r, const mj_tune_group *g, mj_tune_row *row) {
   } else {
     row->status = MJ_TS_OK;
     row->us = round(m.us * 1e3) / 1e3; /* ns: what results.csv keeps, so a resumed run agrees */
+    row->copy_us = round(m.copy_us * 1e3) / 1e3;
     row->iters = m.iters;
     set_rates(row, g);
     r->sum->measured++;

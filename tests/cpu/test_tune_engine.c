@@ -793,12 +793,22 @@ Test(tune_data, reference_matches_a_naive_one) {
     for (int which = 1; which <= 2; which++) {
       int64_t cols = which == 1 ? s.expert_width : s.hidden;
       double ref[6 * 96];
-      mj_tune_reference(&d, &s, which, off, rows, n, 123, 777, 2, ref);
+      mj_tune_reference(&d, &s, which, off, rows, n, 123, 0, 777, 2, ref);
       for (int r = 0; r < n; r++) {
         int e = 0;
         while (off[e + 1] <= rows[r]) e++;
         for (int64_t c = 0; c < cols; c++)
           cr_assert_float_eq(ref[r * cols + c], naive(&d, &s, which, e, rows[r], c, 123, 777),
+                             1e-12);
+      }
+      /* A repeating every 7 rows (GEMM 1's inputs on the GPU, which x's rows
+       * gather to): row r multiplies A row r % 7 with its own expert's W */
+      mj_tune_reference(&d, &s, which, off, rows, n, 123, 7, 777, 2, ref);
+      for (int r = 0; r < n; r++) {
+        int e = 0;
+        while (off[e + 1] <= rows[r]) e++;
+        for (int64_t c = 0; c < cols; c++)
+          cr_assert_float_eq(ref[r * cols + c], naive(&d, &s, which, e, rows[r] % 7, c, 123, 777),
                              1e-12);
       }
       /* the error measure: exact bits give 0, a NaN gives infinity */
@@ -939,6 +949,7 @@ Test(tune_results, every_schedule_round_trips_through_csv_and_json) {
     r.which = 1, r.dtype = MOEJIT_DTYPE_BF16, r.hidden = 512, r.expert_width = 256;
     r.experts = 8, r.top_k = 2, r.tokens = 64, r.role = MJ_ROLE_CANDIDATE;
     r.path = MOEJIT_GEMM_PATH_WGMMA, r.status = MJ_TS_OK, r.us = 10 + (double)i, r.iters = 20;
+    r.copy_us = 2.5 * (double)i; /* 0: gathers; else the permuted copy's charge */
     r.cfg = (moejit_gemm_cfg){64, 256, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_M, kScheds[i]};
     cr_assert_eq(mj_tune_rows_push(&rows, &r), MOEJIT_OK);
     char cfg[96];
@@ -960,12 +971,15 @@ Test(tune_results, every_schedule_round_trips_through_csv_and_json) {
   for (size_t i = 0; i < back.n; i++) {
     cr_expect_eq(back.rows[i].cfg.schedule, kScheds[i], "row %zu", i);
     cr_expect(mj_tune_row_same(&back.rows[i], &rows.rows[i]), "row %zu", i);
+    cr_expect_float_eq(back.rows[i].copy_us, rows.rows[i].copy_us, 1e-9, "row %zu", i);
+    cr_expect_float_eq(back.rows[i].us, rows.rows[i].us, 1e-9, "row %zu", i);
   }
   mj_tune_meta meta = {"s", "Fake GPU", "sm_90a", "12.8", "2026-01-01", 12080};
   cr_assert_eq(mj_tune_write_json(&rows, &meta, w, MJ_ARRAY_LEN(w), json), MOEJIT_OK, "%s",
                moejit_last_error());
   text = slurp(dir, "results.json");
   cr_assert(ts_json_valid(text), "not JSON:\n%s", text);
+  cr_expect_eq(ts_count_substr(text, "\"copy_us\":2.5"), 1, "the copy's charge in:\n%s", text);
   for (size_t i = 0; i < MJ_ARRAY_LEN(kNames); i++) {
     char want[64];
     snprintf(want, sizeof want, "\"schedule\":\"%s\"", kNames[i]);
@@ -977,3 +991,27 @@ Test(tune_results, every_schedule_round_trips_through_csv_and_json) {
   free(dir);
 }
 
+/* A results.csv of a moejit before GEMM 1 was timed as the layer runs it
+ * (no copy_us column) resumes nothing: its GEMM 1 times are of another
+ * measure, so every point is timed again. */
+Test(tune_results, rows_without_copy_us_are_not_resumed) {
+  char *dir = ts_mkdtemp("tune-old-csv");
+  char csv[2048];
+  snprintf(csv, sizeof csv, "%s/results.csv", dir);
+  FILE *f = fopen(csv, "wb");
+  cr_assert(f);
+  fputs(
+      "device,arch,shape,kernel,dtype,hidden,expert_width,experts,top_k,tokens,role,path,"
+      "tile_m,tile_n,tile_k,stages,warps,raster,cluster_m,schedule,status,median_us,tflops,"
+      "gbs,rel_err,iters,date,reason\n"
+      "Fake GPU,sm_90a,tiny,gemm1,bf16,512,256,8,2,64,candidate,wgmma,64,256,64,4,8,along_m,1,"
+      "cooperative,ok,10.000,1.000,1.00,0.001,20,2026-01-01,\n",
+      f);
+  fclose(f);
+  mj_tune_rows back;
+  cr_assert_eq(mj_tune_read_csv(csv, &back), MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect_eq(back.n, 0, "an old row was read back");
+  mj_tune_rows_free(&back);
+  ts_rmtree(dir);
+  free(dir);
+}

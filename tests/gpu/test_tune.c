@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "moejit/moejit.h"
 #include "ref_gemm.h"
 #include "test_support.h"
@@ -83,6 +84,89 @@ static void entry_runs(moejit_ctx *ctx, const mj_tuned_entry *e, const moejit_sp
   moejit_mem_free(ctx, doff, NULL), moejit_mem_free(ctx, dout, NULL);
   mj_tune_data_free(d);
   free(d), free(a), free(w), free(out), free(ref);
+}
+
+/* GEMM 1 as the layer runs it (docs/tune.md): a candidate whose plan the
+ * layer gathers with (64-row tiles always) reads x's rows through the index
+ * and passes the check on them, uncharged; one the layer copies for (256
+ * rows) is charged the copy, also when $MOEJIT_GEMM1_GATHER=0 keeps the
+ * 64-row tile on the copy; GEMM 2 is neither. On the GPU backend itself. */
+Test(tune_gpu, gemm1_timed_as_the_layer_runs_it, .timeout = 300) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_device_info info;
+  cr_assert_eq(moejit_ctx_device_info(ctx, &info), MOEJIT_OK);
+  if (strcmp(info.arch, "sm_90a") != 0) {
+    moejit_ctx_destroy(ctx);
+    cr_skip_test("the gathering GEMM 1 needs an sm_90a device (this one is %s)", info.arch);
+  }
+  moejit_spec base;
+  cr_assert_eq(moejit_spec_load_preset("qwen3-30b-a3b", &base), MOEJIT_OK);
+  base.hidden = 512, base.expert_width = 264, base.experts = 8, base.top_k = 2;
+  base.n_archs = 1;
+  mj_strlcpy(base.archs[0], info.arch, sizeof base.archs[0]);
+  moejit_sweep sw;
+  memset(&sw, 0, sizeof sw);
+  sw.seed = 7;
+  const int64_t tokens = 600;
+  int32_t off[9];
+  mj_tune_route(8, 2, tokens, 11, off);
+  mj_tune_group g = {.sweep = &sw,
+                     .base = &base,
+                     .which = 1,
+                     .tokens = tokens,
+                     .rows = tokens * 2,
+                     .offsets = off,
+                     .active_experts = 8,
+                     .seed = 5,
+                     .warmup = 2,
+                     .iters = 10,
+                     .min_iters = 5,
+                     .max_point_ms = 200,
+                     .tolerance = 2e-2,
+                     .check_rows = 32,
+                     .jobs = 2};
+  mj_tune_backend be;
+  cr_assert_eq(mj_tune_gpu_backend(ctx, &be), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(be.open_group(be.state, &g), MOEJIT_OK, "%s", moejit_last_error());
+  const struct {
+    moejit_gemm_cfg cfg;
+    const char *no_gather; /* $MOEJIT_GEMM1_GATHER, or NULL */
+    int gathers;
+  } cases[] = {
+      {{64, 128, 64, 8, 8, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE}, NULL, 1},
+      {{256, 128, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_N, MOEJIT_SCHEDULE_COOPERATIVE}, NULL, 0},
+      {{64, 128, 64, 8, 8, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE}, "0", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    moejit_spec spec = base;
+    spec.gemm1 = cases[i].cfg;
+    cr_assert_eq(moejit_spec_validate(&spec), MOEJIT_OK, "%s", moejit_last_error());
+    if (cases[i].no_gather) setenv("MOEJIT_GEMM1_GATHER", cases[i].no_gather, 1);
+    mj_tune_measurement m;
+    moejit_status st = be.measure(be.state, &g, &spec, MOEJIT_GEMM_PATH_WGMMA, &m);
+    unsetenv("MOEJIT_GEMM1_GATHER");
+    cr_assert_eq(st, MOEJIT_OK, "case %zu: %s", i, moejit_last_error());
+    cr_expect_leq(m.rel_err, g.tolerance, "case %zu: rel error %g", i, m.rel_err);
+    cr_expect_eq(m.gathers, cases[i].gathers, "case %zu", i);
+    if (cases[i].gathers)
+      cr_expect_eq(m.copy_us, 0, "case %zu: a gathering candidate is charged %g us", i, m.copy_us);
+    else
+      cr_expect(m.copy_us > 0 && m.us > m.copy_us, "case %zu: us %g, copy charge %g", i, m.us,
+                m.copy_us);
+  }
+  be.close_group(be.state, &g);
+  g.which = 2;
+  cr_assert_eq(be.open_group(be.state, &g), MOEJIT_OK, "%s", moejit_last_error());
+  moejit_spec spec = base;
+  spec.gemm2 = cases[0].cfg;
+  mj_tune_measurement m;
+  cr_assert_eq(be.measure(be.state, &g, &spec, MOEJIT_GEMM_PATH_WGMMA, &m), MOEJIT_OK, "%s",
+               moejit_last_error());
+  cr_expect_leq(m.rel_err, g.tolerance);
+  cr_expect(!m.gathers && m.copy_us == 0, "GEMM 2: gathers %d, copy %g us", m.gathers, m.copy_us);
+  be.close_group(be.state, &g);
+  mj_tune_backend_free(&be);
+  moejit_ctx_destroy(ctx);
 }
 
 Test(tune_gpu, smoke_sweep_end_to_end, .timeout = 600) {
