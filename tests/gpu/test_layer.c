@@ -524,11 +524,13 @@ Test(layer, gemm1_gather_equals_the_permuted_copy) {
   const int hopper = ops_ctx_is_sm90a(ops_ctx());
   cr_expect(!moejit_moe_gemm1_gathers(m, 1), "T = 1 runs the decode layer");
   cr_expect(!moejit_moe_gemm1_gathers(NULL, 2048) && !moejit_moe_gemm1_gathers(m, 0));
-  /* on sm_90a the H100 table's 64x128 tile gathers at T = 256, and its
-   * 256x128 tile (A by TMA, 64-row boxes) does not at T = 2048; elsewhere
-   * GEMM 1 is not on the Hopper kernel */
+  /* on sm_90a the H100 table's 64x128 tile gathers at T = 256 and its
+   * 128x256 cooperative tile at T = 2048 (x 8 MB), but not at T = 65536,
+   * where x (268 MB) is past twice the L2; elsewhere GEMM 1 is not on the
+   * Hopper kernel */
   cr_expect_eq(moejit_moe_gemm1_gathers(m, 256), hopper, "T = 256 (sm_90a: %d)", hopper);
-  cr_expect(!moejit_moe_gemm1_gathers(m, 2048), "T = 2048: 256-row tiles copy");
+  cr_expect_eq(moejit_moe_gemm1_gathers(m, 2048), hopper, "T = 2048 (sm_90a: %d)", hopper);
+  cr_expect(!moejit_moe_gemm1_gathers(m, 65536), "T = 65536: x past twice the L2");
   setenv("MOEJIT_GEMM1_GATHER", "0", 1);
   cr_expect(!moejit_moe_gemm1_gathers(m, 256), "MOEJIT_GEMM1_GATHER=0");
   unsetenv("MOEJIT_GEMM1_GATHER");
