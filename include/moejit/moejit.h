@@ -159,6 +159,12 @@ typedef struct moejit_gemm_cfg {
   moejit_gemm_schedule schedule; /* wgmma path only (0, cooperative, by default) */
 } moejit_gemm_cfg;
 
+/* A GEMM configuration as reports, the tuner and the CLI print it:
+ * "128x256x64 s4 w8", then " along_n", " c2" (cluster_m 2) and the
+ * schedule's name (cooperative, the default, unnamed) where they apply.
+ * Truncated to cap - 1 characters. */
+MOEJIT_API void moejit_gemm_cfg_text(const moejit_gemm_cfg *cfg, char *buf, size_t cap);
+
 #define MOEJIT_MAX_ARCHS 4
 #define MOEJIT_NAME_MAX 64
 #define MOEJIT_ARCH_MAX 16

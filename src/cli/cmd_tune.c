@@ -200,15 +200,6 @@ static void print_compile(const moejit_tune_summary *s) {
       s->kernels_per_s, s->compiled_per_s);
 }
 
-static void cfg_str(const moejit_gemm_cfg *c, char *buf, size_t cap) {
-  /* the schedule's name after the rest, cooperative (the default) unnamed */
-  const char *sched =
-      c->schedule == MOEJIT_SCHEDULE_COOPERATIVE ? "" : moejit_gemm_schedule_name(c->schedule);
-  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages,
-           c->warps, c->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "",
-           c->cluster_m == 2 ? " c2" : "", *sched ? " " : "", sched);
-}
-
 static void print_speedups(const moejit_tune_summary *s) {
   if (!s->n_winners) return;
   printf("\ntuned vs heuristic (median us; heuristic = the shape's own tiles, path auto):\n");
@@ -217,7 +208,8 @@ static void print_speedups(const moejit_tune_summary *s) {
   for (size_t i = 0; i < s->n_winners; i++) {
     const moejit_tune_winner *w = &s->winners[i];
     char cfg[64] = "", speed[16] = "-", heur[16] = "-";
-    if (w->path != MOEJIT_GEMM_PATH_GEMV) cfg_str(&w->cfg, cfg, sizeof cfg); /* gemv: no tile */
+    if (w->path != MOEJIT_GEMM_PATH_GEMV)
+      moejit_gemm_cfg_text(&w->cfg, cfg, sizeof cfg); /* gemv: no tile */
     if (w->heuristic_us > 0) {
       snprintf(speed, sizeof speed, "%.2fx", w->heuristic_us / w->us);
       snprintf(heur, sizeof heur, "%.1f", w->heuristic_us);

@@ -8,14 +8,6 @@
 #include "dist/ep.h"
 #include "ops/ops.h"
 
-static void cfg_text(const moejit_gemm_cfg *g, char *buf, size_t cap) {
-  snprintf(
-      buf, cap, "%dx%dx%d s%d w%d%s%s%s%s", g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps,
-      g->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "", g->cluster_m == 2 ? " c2" : "",
-      g->schedule != MOEJIT_SCHEDULE_COOPERATIVE ? " " : "",
-      g->schedule != MOEJIT_SCHEDULE_COOPERATIVE ? moejit_gemm_schedule_name(g->schedule) : "");
-}
-
 /* Copies b's text into dst, ending in "..." when it does not fit. */
 static void set_text(char *dst, size_t cap, const mj_buf *b) {
   const char *s = b->data && !b->oom ? b->data : "(out of memory)";
@@ -100,7 +92,7 @@ static void describe_tuned(const mj_tuned_table *t, const mj_gemm_variants *v,
   for (int i = 0; i < v->n; i++) {
     /* the GEMV kernel ignores the tile (it only names the module): the path says it all */
     cfg[0] = '\0';
-    if (v->v[i].path != MOEJIT_GEMM_PATH_GEMV) cfg_text(&v->v[i].cfg, cfg, sizeof cfg);
+    if (v->v[i].path != MOEJIT_GEMM_PATH_GEMV) moejit_gemm_cfg_text(&v->v[i].cfg, cfg, sizeof cfg);
     mj_buf_printf(&b, "%s T=%lld %s%s%s", i ? "," : "", (long long)v->v[i].tokens, cfg,
                   cfg[0] ? " " : "", moejit_gemm_path_name(v->v[i].path));
   }
@@ -121,7 +113,7 @@ void mj_gemm_variants_collect(const mj_tuned_table *t, const char *no_table,
   const char *kernel = which == 1 ? "gemm1" : "gemm2";
   char shape[160];
   memset(out, 0, sizeof *out);
-  cfg_text(which == 1 ? &spec->gemm1 : &spec->gemm2, row->config, sizeof row->config);
+  moejit_gemm_cfg_text(which == 1 ? &spec->gemm1 : &spec->gemm2, row->config, sizeof row->config);
   mj_strlcpy(row->config_source, "heuristic", sizeof row->config_source);
   if (!t) {
     mj_strlcpy(row->config_detail, no_table ? no_table : "no tuned table",
@@ -196,7 +188,7 @@ static void describe_choice(const moejit_model *m, int which, int64_t tokens,
   char cfg[64];
   moejit_spec scratch;
   const moejit_spec *kspec = mj_gemm_kernel_spec(c->spec, which, &c->plan, &scratch);
-  cfg_text(which == 1 ? &kspec->gemm1 : &kspec->gemm2, cfg, sizeof cfg);
+  moejit_gemm_cfg_text(which == 1 ? &kspec->gemm1 : &kspec->gemm2, cfg, sizeof cfg);
   const moejit_load_kernel *row = report_row(m, which == 1 ? "gemm1" : "gemm2");
   if (c->variant >= 0) {
     const mj_gemm_variant *v = &m->gemm_variants[which - 1].v[c->variant];

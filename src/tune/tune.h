@@ -121,9 +121,6 @@ void mj_tune_cand_spec(const moejit_sweep *sweep, int shape, int which, const mo
 int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
                            moejit_gemm_cfg *cfg, moejit_gemm_path *path);
 
-/* "128x256x64 s4 w8" (", along_n" added for that raster). */
-void mj_tune_cfg_str(const moejit_gemm_cfg *cfg, char *buf, size_t cap);
-
 /* ------------------------------------------------------------------------ */
 /* Result rows and their files                                              */
 

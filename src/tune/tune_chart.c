@@ -131,7 +131,7 @@ static void draw_axes(mj_buf *b, const panel_rows *pr, const mj_tune_row *p, con
 
 static void series_title(mj_buf *b, const mj_tune_row *r) {
   char cfg[64];
-  mj_tune_cfg_str(&r->cfg, cfg, sizeof cfg);
+  moejit_gemm_cfg_text(&r->cfg, cfg, sizeof cfg);
   mj_buf_printf(b, "<title>%s %s%s</title>", cfg, moejit_gemm_path_name(r->path),
                 r->role == MJ_ROLE_HEURISTIC ? " (heuristic)" : "");
 }
@@ -183,7 +183,7 @@ static void draw_winners(mj_buf *b, const panel_rows *pr, const axes *a) {
     mj_buf_printf(b, "<circle class=\"winner-dot\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\">",
                   px(a, best[i]->tokens), py(a, best[i]->us));
     char cfg[64];
-    mj_tune_cfg_str(&best[i]->cfg, cfg, sizeof cfg);
+    moejit_gemm_cfg_text(&best[i]->cfg, cfg, sizeof cfg);
     mj_buf_printf(b, "<title>T=%lld: %s %s, %.1f us</title></circle>\n", (long long)best[i]->tokens,
                   cfg, moejit_gemm_path_name(best[i]->path), best[i]->us);
   }

@@ -51,15 +51,6 @@ static plan_key key_of(const mj_gemm_plan *p, const moejit_gemm_cfg *cfg) {
   return k;
 }
 
-void mj_tune_cfg_str(const moejit_gemm_cfg *c, char *buf, size_t cap) {
-  /* the schedule's name after the rest, cooperative (the default) unnamed */
-  const char *sched =
-      c->schedule == MOEJIT_SCHEDULE_COOPERATIVE ? "" : moejit_gemm_schedule_name(c->schedule);
-  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages,
-           c->warps, c->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "",
-           c->cluster_m == 2 ? " c2" : "", *sched ? " " : "", sched);
-}
-
 void mj_tune_cand_spec(const moejit_sweep *sw, int shape, int which, const moejit_gemm_cfg *cfg,
                        const char *arch, moejit_spec *out) {
   *out = sw->shapes[shape].spec;
@@ -203,7 +194,7 @@ static moejit_status add_candidate(builder *b, mj_tune_cand c, int check_divisib
   mj_tune_cand *kept = &b->plan->cands[same];
   kept->tmask |= c.tmask;
   char kept_cfg[64];
-  mj_tune_cfg_str(&kept->cfg, kept_cfg, sizeof kept_cfg);
+  moejit_gemm_cfg_text(&kept->cfg, kept_cfg, sizeof kept_cfg);
   snprintf(detail, sizeof detail, "same launch plan as %s %s", kept_cfg,
            moejit_gemm_path_name(kept->path));
   prune(&c, "duplicate launch plan", detail);

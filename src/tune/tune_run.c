@@ -259,7 +259,7 @@ static void compile_one(size_t i, void *arg) {
   u->st = r->be->compile(r->be->state, &spec, u->which == 1 ? "gemm1" : "gemm2", &u->cache_hit);
   if (u->st) last_error_line(u->msg, sizeof u->msg);
   char item[192], cfg[64];
-  mj_tune_cfg_str(&u->cfg, cfg, sizeof cfg);
+  moejit_gemm_cfg_text(&u->cfg, cfg, sizeof cfg);
   snprintf(item, sizeof item, "%s gemm%d %s", r->sw->shapes[u->shape].name, u->which, cfg);
   pthread_mutex_lock(&r->lock);
   r->compile_done++;
@@ -305,7 +305,7 @@ static void compile_all(run *r) {
 
 static void row_item(const mj_tune_row *row, char *buf, size_t cap) {
   char cfg[64];
-  mj_tune_cfg_str(&row->cfg, cfg, sizeof cfg);
+  moejit_gemm_cfg_text(&row->cfg, cfg, sizeof cfg);
   snprintf(buf, cap, "%s gemm%d T=%lld %s %s%s", row->shape, row->which, (long long)row->tokens,
            moejit_gemm_path_name(row->path), cfg,
            row->role == MJ_ROLE_HEURISTIC ? " (heuristic)" : "");

@@ -925,7 +925,7 @@ Test(tune_engine, keep_within_keeps_close_entries_and_replaces_the_rest) {
 }
 
 /* results.csv and results.json name each schedule (pingpong included) and
- * the CSV reads back to the same value; mj_tune_cfg_str names it after the
+ * the CSV reads back to the same value; moejit_gemm_cfg_text names it after the
  * tile (cooperative, the default, unnamed). */
 Test(tune_results, every_schedule_round_trips_through_csv_and_json) {
   static const moejit_gemm_schedule kScheds[] = {MOEJIT_SCHEDULE_COOPERATIVE,
@@ -953,7 +953,7 @@ Test(tune_results, every_schedule_round_trips_through_csv_and_json) {
     r.cfg = (moejit_gemm_cfg){64, 256, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_M, kScheds[i]};
     cr_assert_eq(mj_tune_rows_push(&rows, &r), MOEJIT_OK);
     char cfg[96];
-    mj_tune_cfg_str(&r.cfg, cfg, sizeof cfg);
+    moejit_gemm_cfg_text(&r.cfg, cfg, sizeof cfg);
     cr_expect_str_eq(cfg, kStrs[i]);
     strcpy(w[i].kernel, "gemm1"), strcpy(w[i].shape, "tiny");
     w[i].cfg = r.cfg, w[i].path = MOEJIT_GEMM_PATH_WGMMA, w[i].us = r.us, w[i].tokens = 64;
