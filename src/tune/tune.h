@@ -244,7 +244,9 @@ int mj_tune_check_rows(const int32_t *offsets, int32_t experts, int n, uint64_t 
                        int64_t *rows);
 
 uint64_t mj_tune_mix(uint64_t a, uint64_t b);         /* a seed from two numbers */
-int mj_tune_cmp_double(const void *a, const void *b); /* qsort order of doubles */
+/* The median of v[0..n) (n >= 1; the mean of the middle two for even n),
+ * sorting v in place. */
+double mj_tune_median(double *v, size_t n);
 
 /* ------------------------------------------------------------------------ */
 /* The backend the engine compiles and measures through                     */

@@ -15,9 +15,14 @@ uint64_t mj_tune_mix(uint64_t a, uint64_t b) {
   return z ^ (z >> 31);
 }
 
-int mj_tune_cmp_double(const void *a, const void *b) {
+static int cmp_double(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
+}
+
+double mj_tune_median(double *v, size_t n) {
+  qsort(v, n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static uint64_t next(uint64_t *s) {

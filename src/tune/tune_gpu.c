@@ -208,8 +208,7 @@ static moejit_status time_copy(gpu *g, const mj_tune_group *grp, size_t a_bytes)
     us[i] = ms * 1e3;
   }
   if (st) return st;
-  qsort(us, MJ_TUNE_COPY_TIMINGS, sizeof *us, mj_tune_cmp_double);
-  g->copy_us = us[MJ_TUNE_COPY_TIMINGS / 2];
+  g->copy_us = mj_tune_median(us, MJ_TUNE_COPY_TIMINGS);
   return fill_a(g, g->sets[0].a, a_bytes, g->a_offset);
 }
 
@@ -327,8 +326,7 @@ static moejit_status time_launches(gpu *g, const mj_tune_group *grp, const moeji
     ms[i] = t;
   }
   if (!st) {
-    qsort(ms, (size_t)iters, sizeof *ms, mj_tune_cmp_double);
-    m->us = (iters % 2 ? ms[iters / 2] : (ms[iters / 2 - 1] + ms[iters / 2]) / 2) * 1e3;
+    m->us = mj_tune_median(ms, (size_t)iters) * 1e3;
     m->iters = iters;
   }
   free(ms);

@@ -487,10 +487,7 @@ static void runoff(run *r, const mj_tune_group *g, size_t first, size_t end) {
   for (size_t j = 0; j < k; j++) {
     mj_tune_row *row = &r->rows.rows[fin[j]];
     if (row->status != MJ_TS_OK || got[j] < 2) continue;
-    qsort(us[j], (size_t)got[j], sizeof us[j][0], mj_tune_cmp_double);
-    const double m =
-        got[j] % 2 ? us[j][got[j] / 2] : (us[j][got[j] / 2 - 1] + us[j][got[j] / 2]) / 2;
-    row->us = round(m * 1e3) / 1e3;
+    row->us = round(mj_tune_median(us[j], (size_t)got[j]) * 1e3) / 1e3;
     row->iters += iters[j];
     set_rates(row, g);
     mj_strlcpy(row->date, r->date, sizeof row->date);

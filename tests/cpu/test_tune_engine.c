@@ -1015,3 +1015,13 @@ Test(tune_results, rows_without_copy_us_are_not_resumed) {
   ts_rmtree(dir);
   free(dir);
 }
+
+/* The median the GPU backend and the runoff keep: the middle value, or the
+ * mean of the middle two, of unsorted timings. */
+Test(tune_data, median_of_unsorted_values) {
+  double odd[] = {5, 1, 4, 2, 3}, even[] = {9, 1, 7, 3}, one[] = {2.5};
+  cr_expect_float_eq(mj_tune_median(odd, 5), 3, 1e-12);
+  cr_expect_float_eq(mj_tune_median(even, 4), 5, 1e-12);
+  cr_expect_float_eq(mj_tune_median(one, 1), 2.5, 1e-12);
+  cr_expect(odd[0] == 1 && odd[4] == 5, "sorted in place");
+}
