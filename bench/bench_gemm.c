@@ -39,6 +39,7 @@ typedef struct point {
   char preset[64]; /* a copy: callers pass names that live on their stack */
   const char *gemm;
   const char *path; /* "auto", "mma", "wgmma", "gemv" or "tuned" */
+  int gathers;      /* tuned gemm1 read x's rows in place, as the layer does (table: "tuned*") */
   int64_t tokens, rows;
   double us, floor_us, tflops, tbs;
   double floor_tflops; /* the rate the floor used: dense cuBLAS's, or PEAK_FLOPS */
@@ -68,6 +69,11 @@ static peers *g_peers; /* NULL: every peer is n/a for the reason in g_peers_why 
 static char g_peers_why[PEER_WHY_MAX];
 static int g_n_sets_max, g_iters; /* for the footer */
 static int g_rounds = 3;          /* --rounds */
+
+/* Tuned gemm1 rows that gathered (read x in place): each checked once against the copied
+ * run of the same tile on the same set, which must match bit for bit (docs/gemm.md,
+ * "Gathering A rows"); mismatches make the exit status 1 after the table. */
+static int g_gather_checked, g_gather_bad;
 
 /* Why peers were n/a, each reason once with the first point it hit. */
 #define MAX_NOTES 24
@@ -124,8 +130,11 @@ static void *dev_random(moejit_ctx *ctx, size_t bytes) {
 }
 
 /* Random uniform routing: each token picks top_k distinct experts. Writes
- * offsets [E+1]; returns the number of experts with rows. */
-static int route_random(const moejit_spec *s, int64_t tokens, int32_t *offsets) {
+ * offsets [E+1] and, if `choice` is non-NULL, the picks [T, k] (token t's
+ * j-th expert at t*k + j); returns the number of experts with rows. The
+ * random draws are the same either way, so a point's routing does not
+ * depend on whether it gathers. */
+static int route_random(const moejit_spec *s, int64_t tokens, int32_t *offsets, int32_t *choice) {
   int32_t *counts = calloc((size_t)s->experts, sizeof *counts);
   int picked[64];
   for (int64_t t = 0; t < tokens; t++)
@@ -138,6 +147,7 @@ static int route_random(const moejit_spec *s, int64_t tokens, int32_t *offsets) 
       } while (dup);
       picked[j] = e;
       counts[e]++;
+      if (choice) choice[t * s->top_k + j] = e;
     }
   int active = 0;
   offsets[0] = 0;
@@ -155,11 +165,16 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 typedef struct io_set {
-  void *x, *h, *y, *offsets;
+  void *x, *h, *y, *offsets; /* x: the permuted copy [T*k, d] (align's xs), gemm1's A */
   float *scale;
   int32_t *host_offsets; /* [E + 1]: the peers launch per expert from the host */
   void *h2;              /* [rows, 2f]: gemm1 peers' output (gate and up, no SwiGLU) */
   peer_grouped *grouped; /* the grouped peer's pointer arrays for the GEMM being timed */
+  /* Points whose tuned gemm1 gathers, as the layer's forward does: the layer's x [T, d]
+   * and the index of row r of the permuted copy (align's sorted_slot: slot t*k + j, so
+   * a_index[r] / k = token t); x above then holds exactly those rows. NULL elsewhere. */
+  void *xt;
+  int32_t *a_index;
 } io_set;
 
 /* One launch of what is timed, on input set `set`: 0, or -1 with why. */
@@ -205,6 +220,7 @@ typedef struct gemm_run {
   int n_sets;
   int64_t rows;
   moejit_gemm_path path; /* ours only */
+  int gather;            /* ours, gemm1 only: read io->xt through io->a_index */
   moejit_stream stream;
   int dense_turn; /* dense only: launches so far, picks the expert */
 } gemm_run;
@@ -216,13 +232,20 @@ static uint32_t *g_round_sync;
 static int launch_ours(void *state, int set, char *why) {
   const gemm_run *r = state;
   io_set *io = &r->sets[set];
-  moejit_gemm_args a = {.a = r->which == 1 ? io->x : io->h,
+  const int gather = r->which == 1 && r->gather;
+  /* gathering: the arguments the layer's forward passes (src/ops/layer.c) */
+  moejit_gemm_args a = {.a = gather          ? io->xt
+                             : r->which == 1 ? io->x
+                                             : io->h,
                         .w = r->w,
                         .out = r->which == 1 ? io->h : io->y,
                         .expert_offsets = io->offsets,
                         .row_scale = r->which == 2 ? io->scale : NULL,
                         .max_rows = r->rows,
                         .path = r->path,
+                        .a_index = gather ? io->a_index : NULL,
+                        .a_index_div = gather ? (int32_t)r->s->top_k : 0,
+                        .a_rows = gather ? r->rows / r->s->top_k : 0,
                         .round_sync = r->which == 1 ? g_round_sync : NULL};
   moejit_status st = r->which == 1 ? moejit_gemm1_swiglu(r->ctx, r->s, &a, r->stream)
                                    : moejit_gemm2(r->ctx, r->s, &a, r->stream);
@@ -236,7 +259,8 @@ static double time_ours(gemm_run *r, int iters) {
   char why[PEER_WHY_MAX] = "";
   double us = time_launches(r->ctx, launch_ours, r, r->n_sets, iters, r->stream, why);
   if (isnan(us)) {
-    fprintf(stderr, "%s gemm%d %s: %s\n", r->s->name, r->which, path_name(r->path), why);
+    fprintf(stderr, "%s gemm%d %s%s: %s\n", r->s->name, r->which, path_name(r->path),
+            r->which == 1 && r->gather ? " (gathering)" : "", why);
     exit(1);
   }
   return us;
@@ -356,9 +380,21 @@ static void judge(point *p) {
 static void csv_row(const point *p);
 static const char *cell(char *buf, size_t n, const char *fmt, double v);
 
-static void report(const char *preset, const char *gemm, moejit_gemm_path path, int64_t tokens,
-                   int64_t rows, double us, double flops, double bytes, const peer_times *pt) {
-  point p = {.gemm = gemm, .path = path_name(path), .tokens = tokens, .rows = rows, .us = us,
+/* The path as the table prints it: tuned gemm1 rows that gathered are "tuned*". */
+static const char *shown_path(const point *p, char *buf, size_t n) {
+  snprintf(buf, n, "%s%s", p->path, p->gathers ? "*" : "");
+  return buf;
+}
+
+static void report(const char *preset, const char *gemm, moejit_gemm_path path, int gathers,
+                   int64_t tokens, int64_t rows, double us, double flops, double bytes,
+                   const peer_times *pt) {
+  point p = {.gemm = gemm,
+             .path = path_name(path),
+             .gathers = gathers,
+             .tokens = tokens,
+             .rows = rows,
+             .us = us,
              .peers = *pt};
   snprintf(p.preset, sizeof p.preset, "%s", preset);
   p.dense_tflops = flops / (pt->dense * 1e-6) / 1e12; /* NAN if dense failed */
@@ -368,21 +404,72 @@ static void report(const char *preset, const char *gemm, moejit_gemm_path path, 
   p.tbs = bytes / (us * 1e-6) / 1e12;
   p.speedup = fmin(pt->loop, pt->grouped) / us;
   judge(&p);
-  char b[3][32];
-  printf("# %s %s %s T=%lld: %.1f us, floor %.1f us (%.1f%%), %.1f TFLOP/s, %.2f TB/s; "
-         "dense %s, loop %s, grouped %s us; %s\n",
-         preset, gemm, p.path, (long long)tokens, us, p.floor_us, 100 * p.floor_us / us, p.tflops,
-         p.tbs, cell(b[0], 32, "%.1f", pt->dense), cell(b[1], 32, "%.1f", pt->loop),
-         cell(b[2], 32, "%.1f", pt->grouped), p.targets);
+  char b[3][32], shown[16];
+  printf(
+      "# %s %s %s T=%lld: %.1f us, floor %.1f us (%.1f%%), %.1f TFLOP/s, %.2f TB/s; "
+      "dense %s, loop %s, grouped %s us; %s\n",
+      preset, gemm, shown_path(&p, shown, sizeof shown), (long long)tokens, us, p.floor_us,
+      100 * p.floor_us / us, p.tflops, p.tbs, cell(b[0], 32, "%.1f", pt->dense),
+      cell(b[1], 32, "%.1f", pt->loop), cell(b[2], 32, "%.1f", pt->grouped), p.targets);
   fflush(stdout);
   if (g_csv) csv_row(&p);
   if (g_n_points < MAX_POINTS) g_points[g_n_points++] = p;
 }
 
+static void *host_alloc_or_die(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) fprintf(stderr, "out of host memory\n"), exit(1);
+  return p;
+}
+
+/* The index of the permuted rows that align's sorted_slot would hold for
+ * routing `choice` [T, k] and its offsets: rows grouped by expert, tokens
+ * in order inside an expert, row r naming slot t*k + j (so index[r] / k is
+ * its token). */
+static void gather_index(const moejit_spec *s, int64_t tokens, const int32_t *choice,
+                         const int32_t *offsets, int32_t *index) {
+  int32_t *next = host_alloc_or_die(sizeof *next * (size_t)s->experts);
+  memcpy(next, offsets, sizeof *next * (size_t)s->experts);
+  for (int64_t slot = 0; slot < tokens * s->top_k; slot++)
+    index[next[choice[slot]]++] = (int32_t)slot;
+  free(next);
+}
+
+/* Writes into dst [rows, d] the permuted copy of the x that dev_random made
+ * (byte b of x is byte b % CHUNK_BYTES of g_chunk): row r = x row
+ * index[r] / k, as align would copy it. Then the gathering gemm1 and the
+ * copied one compute the same rows, and check_gather can compare them.
+ * Built on the host a CHUNK_BYTES piece at a time. */
+static void upload_permuted(moejit_ctx *ctx, void *dst, const int32_t *index, int k, int64_t rows,
+                            size_t row_bytes) {
+  const int64_t per = CHUNK_BYTES / row_bytes > 0 ? (int64_t)(CHUNK_BYTES / row_bytes) : 1;
+  char *piece = host_alloc_or_die((size_t)per * row_bytes);
+  const char *chunk = g_chunk;
+  for (int64_t r0 = 0; r0 < rows; r0 += per) {
+    const int64_t n = rows - r0 < per ? rows - r0 : per;
+    for (int64_t r = 0; r < n; r++) {
+      const uint64_t x_at = (uint64_t)(index[r0 + r] / k) * row_bytes; /* the row's byte in x */
+      /* a row may wrap around the chunk's end: copy the part up to it, then the rest */
+      for (size_t done = 0; done < row_bytes;) {
+        const size_t at = (size_t)((x_at + done) % CHUNK_BYTES), left = row_bytes - done;
+        const size_t take = left < CHUNK_BYTES - at ? left : CHUNK_BYTES - at;
+        memcpy(piece + (size_t)r * row_bytes + done, chunk + at, take);
+        done += take;
+      }
+    }
+    CHECK(moejit_memcpy_htod(ctx, (char *)dst + (size_t)r0 * row_bytes, piece,
+                             (size_t)n * row_bytes, NULL));
+  }
+  free(piece);
+}
+
 /* Rotates routings and buffers until one pass touches ROTATE_BYTES; returns
- * the number of sets and the mean number of experts with rows. */
-static int make_sets(moejit_ctx *ctx, const moejit_spec *s, int64_t tokens, io_set *sets,
-                     double *active) {
+ * the number of sets and the mean number of experts with rows. gather: also
+ * build each set's layer x and gather index (io_set.xt, a_index), with the
+ * permuted copy made of x's rows. The sets, routings and offsets are the
+ * same as without gather (the rotation counts the copied A either way). */
+static int make_sets(moejit_ctx *ctx, const moejit_spec *s, int64_t tokens, int gather,
+                     io_set *sets, double *active) {
   int64_t rows = tokens * s->top_k, d = s->hidden, f = s->expert_width;
   size_t esz = moejit_dtype_size(s->act_dtype), wsz = moejit_dtype_size(s->weight_dtype);
   size_t off_bytes = sizeof(int32_t) * ((size_t)s->experts + 1);
@@ -394,9 +481,22 @@ static int make_sets(moejit_ctx *ctx, const moejit_spec *s, int64_t tokens, io_s
     memset(io, 0, sizeof *io);
     io->host_offsets = malloc(off_bytes);
     if (!io->host_offsets) fprintf(stderr, "out of host memory\n"), exit(1);
-    int act = route_random(s, tokens, io->host_offsets);
+    int32_t *choice = gather ? host_alloc_or_die(sizeof *choice * (size_t)rows) : NULL;
+    int act = route_random(s, tokens, io->host_offsets, choice);
     *active += act;
-    io->x = dev_random(ctx, (size_t)(rows * d) * esz);
+    if (!gather) {
+      io->x = dev_random(ctx, (size_t)(rows * d) * esz);
+    } else {
+      int32_t *index = host_alloc_or_die(sizeof *index * (size_t)rows);
+      gather_index(s, tokens, choice, io->host_offsets, index);
+      io->xt = dev_random(ctx, (size_t)(tokens * d) * esz);
+      CHECK(moejit_mem_alloc(ctx, (size_t)(rows * d) * esz, NULL, &io->x));
+      upload_permuted(ctx, io->x, index, s->top_k, rows, (size_t)d * esz);
+      CHECK(moejit_mem_alloc(ctx, sizeof *index * (size_t)rows, NULL, (void **)&io->a_index));
+      CHECK(moejit_memcpy_htod(ctx, io->a_index, index, sizeof *index * (size_t)rows, NULL));
+      free(index);
+    }
+    free(choice);
     io->h = dev_random(ctx, (size_t)(rows * f) * esz);
     io->y = dev_random(ctx, (size_t)(rows * d) * esz);
     /* gemm1 peers write gate and up; without the memory they are n/a */
@@ -423,23 +523,109 @@ static void free_sets(moejit_ctx *ctx, io_set *sets, int n_sets) {
     moejit_mem_free(ctx, sets[i].y, NULL), moejit_mem_free(ctx, sets[i].offsets, NULL);
     moejit_mem_free(ctx, sets[i].scale, NULL);
     if (sets[i].h2) moejit_mem_free(ctx, sets[i].h2, NULL);
+    if (sets[i].xt) moejit_mem_free(ctx, sets[i].xt, NULL);
+    if (sets[i].a_index) moejit_mem_free(ctx, sets[i].a_index, NULL);
     free(sets[i].host_offsets);
   }
 }
 
-static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, const void *w2,
-                        int64_t tokens, int iters, moejit_stream stream) {
+/* Runs the tuned gemm1 `r` on set 0 once gathering, once from the permuted
+ * copy (same tile, output poisoned before each), and compares h bit for
+ * bit: the bench's index and copy must name the same rows, and the
+ * gathering kernel computes them as the copied one does (the library's test
+ * gemm/wgmma_gathers_rows holds it to that). Returns 0 where the gathering
+ * launch cannot run (said why; the row then times the copy), else 1 (a
+ * mismatch is printed and counted in g_gather_bad). */
+static int check_gather(gemm_run *r, const char *where) {
+  const size_t esz = moejit_dtype_size(r->s->act_dtype);
+  const size_t n = (size_t)(r->rows * r->s->expert_width), bytes = n * esz;
+  void *h = r->sets[0].h;
+  char *got = host_alloc_or_die(bytes), *want = host_alloc_or_die(bytes);
+  char why[PEER_WHY_MAX] = "";
+  int ok = 1;
+  for (int gather = 1; gather >= 0 && ok; gather--) {
+    r->gather = gather;
+    CHECK(moejit_memset_d32(r->ctx, h, 0xffffffffu, bytes / 4, r->stream));
+    if (launch_ours(r, 0, why)) {
+      if (gather) {
+        printf(
+            "# %s: the layer gathers here, the tuned tile cannot (%s): the tuned row reads "
+            "the permuted copy\n",
+            where, why);
+        ok = 0;
+        break;
+      }
+      fprintf(stderr, "%s: tuned gemm1 from the copy: %s\n", where, why);
+      exit(1);
+    }
+    CHECK(moejit_memcpy_dtoh(r->ctx, gather ? got : want, h, bytes, r->stream));
+    CHECK(moejit_stream_synchronize(r->ctx, r->stream));
+  }
+  r->gather = 0;
+  if (ok) {
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+      if (memcmp(got + i * esz, want + i * esz, esz) && !differ++) first = i;
+    g_gather_checked++;
+    if (differ) {
+      g_gather_bad++;
+      printf(
+          "# %s: MISMATCH: gathered gemm1 differs from the copied run of the same tile at %zu "
+          "of %zu elements (first: row %zu col %zu)\n",
+          where, differ, n, first / (size_t)r->s->expert_width, first % (size_t)r->s->expert_width);
+      fprintf(stderr, "%s: gathered gemm1 differs from the copied run (%zu elements)\n", where,
+              differ);
+    }
+  }
+  free(got), free(want);
+  return ok;
+}
+
+/* Says so where the loaded layer's gemm1 at T is not the tile and path the
+ * tuned row runs (moejit_tuned_choice and the load read the same table, so
+ * they should agree): its gather decision is then about another kernel. */
+static void check_layer_tile(const moejit_model *model, const gemm_run *r, int64_t tokens,
+                             const char *where) {
+  char desc[512], cfg[64], want[96];
+  moejit_gemm_cfg_text(&r->s->gemm1, cfg, sizeof cfg);
+  snprintf(want, sizeof want, ": %s, path %s,", cfg, moejit_gemm_path_name(r->path));
+  if (moejit_model_gemm_choice(model, "gemm1", tokens, desc, sizeof desc, NULL) != MOEJIT_OK)
+    printf("# %s: the layer's gemm1 choice unknown: %s\n", where, moejit_last_error());
+  else if (!strstr(desc, want))
+    printf("# %s: note: the layer runs gemm1 as \"%.300s\"; the tuned row runs %s\n", where, desc,
+           want + 2);
+}
+
+/* One point (preset, T): both GEMMs, each on every --path and beside the
+ * peers. model: the preset's loaded layer, which says whether its forward
+ * reads x in place at T (then the tuned gemm1 row does too), or NULL. */
+static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const moejit_model *model,
+                        const void *w1, const void *w2, int64_t tokens, int iters,
+                        moejit_stream stream) {
   int64_t rows = tokens * s->top_k, d = s->hidden, f = s->expert_width;
   size_t esz = moejit_dtype_size(s->act_dtype), wsz = moejit_dtype_size(s->weight_dtype);
   io_set sets[MAX_SETS];
   double active;
-  int n_sets = make_sets(ctx, s, tokens, sets, &active);
+  int tuned_at = -1; /* the row of --path tuned, if any */
+  for (int i = 0; i < g_n_paths; i++)
+    if (g_paths[i] == BENCH_PATH_TUNED) tuned_at = i;
+  /* the layer's own rule (moejit_moe_gemm1_gathers; $MOEJIT_GEMM1_GATHER
+   * forces it there), not a copy of it */
+  int gather = tuned_at >= 0 && model && moejit_moe_gemm1_gathers(model, tokens);
+  int n_sets = make_sets(ctx, s, tokens, gather, sets, &active);
   if (n_sets > g_n_sets_max) g_n_sets_max = n_sets;
   CHECK(moejit_ctx_synchronize(ctx));
   const double m = (double)rows, ac = m * (double)(d + f) * (double)esz; /* A + C, both GEMMs */
   for (int which = 1; which <= 2; which++) {
-    gemm_run r = {ctx, s, which, which == 1 ? w1 : w2, sets, n_sets, rows, MOEJIT_GEMM_PATH_AUTO,
-                  stream, 0};
+    gemm_run r = {.ctx = ctx,
+                  .s = s,
+                  .which = which,
+                  .w = which == 1 ? w1 : w2,
+                  .sets = sets,
+                  .n_sets = n_sets,
+                  .rows = rows,
+                  .path = MOEJIT_GEMM_PATH_AUTO,
+                  .stream = stream};
     const double n_out = which == 1 ? 2 * (double)f : (double)d; /* gemm1: gate + up */
     const double flops = 2 * m * n_out * (double)(which == 1 ? d : f);
     const double bytes = active * n_out * (double)(which == 1 ? d : f) * (double)wsz + ac;
@@ -459,6 +645,12 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, c
     }
     char where[128];
     snprintf(where, sizeof where, "%.63s gemm%d T=%lld", s->name, which, (long long)tokens);
+    if (which == 1 && gather) {
+      r.s = spec[tuned_at], r.path = path[tuned_at];
+      check_layer_tile(model, &r, tokens, where);
+      gather = check_gather(&r, where);
+      r.s = s, r.path = MOEJIT_GEMM_PATH_AUTO; /* the peers read the preset's spec */
+    }
     int ready[3];
     prepare_peers(&r, where, ready);
     /* rounds: ours and each peer in turn, the first one changing every round
@@ -469,8 +661,9 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, c
       for (int j = 0; j < n_cont; j++) {
         const int c = (j + round) % n_cont;
         if (c < g_n_paths) {
-          r.s = spec[c], r.path = path[c];
+          r.s = spec[c], r.path = path[c], r.gather = which == 1 && gather && c == tuned_at;
           t_ours[c][round] = time_ours(&r, iters);
+          r.gather = 0;
         } else {
           const int p = c - g_n_paths;
           r.s = s;
@@ -483,8 +676,8 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const void *w1, c
     peer_times pt;
     for (int p = 0; p < 3; p++) *peer_slot(&pt, p) = median_of(t_peer[p], g_rounds);
     for (int i = 0; i < g_n_paths; i++)
-      report(s->name, which == 1 ? "gemm1" : "gemm2", g_paths[i], tokens, rows, us[i], flops,
-             bytes, &pt);
+      report(s->name, which == 1 ? "gemm1" : "gemm2", g_paths[i],
+             which == 1 && gather && i == tuned_at, tokens, rows, us[i], flops, bytes, &pt);
   }
   free_sets(ctx, sets, n_sets);
 }
@@ -535,9 +728,32 @@ static void bench_preset(moejit_ctx *ctx, const char *name, const int64_t *token
          s.gemm1.tile_n, s.gemm1.tile_k, s.gemm1.stages, s.gemm1.warps, s.gemm2.tile_m,
          s.gemm2.tile_n, s.gemm2.tile_k, s.gemm2.stages, s.gemm2.warps,
          (double)(w1_bytes + w2_bytes) / 1e9);
+  /* --path tuned: the whole layer of this spec, loaded once (its kernels
+   * compile through the cache), says at which T its forward runs GEMM 1
+   * reading x in place; the tuned gemm1 row then does the same. */
+  moejit_model *model = NULL;
+  int tuned = 0;
+  for (int i = 0; i < g_n_paths; i++) tuned |= g_paths[i] == BENCH_PATH_TUNED;
+  if (tuned) {
+    moejit_load_report rep;
+    moejit_load_opts opts;
+    moejit_load_opts_init(&opts);
+    opts.report = &rep;
+    if (moejit_model_load_spec(ctx, &s, &opts, &model) == MOEJIT_OK)
+      printf(
+          "# %s: layer loaded (%.0f ms) to decide where tuned gemm1 reads x in place as the "
+          "layer does\n",
+          name, rep.total_ms);
+    else
+      printf(
+          "# %s: tuned gemm1 rows read the permuted copy everywhere: the layer did not load "
+          "(%s)\n",
+          name, moejit_last_error());
+  }
   void *w1 = dev_random(ctx, w1_bytes), *w2 = dev_random(ctx, w2_bytes);
-  for (int i = 0; i < n_tokens; i++) bench_point(ctx, &s, w1, w2, tokens[i], iters, stream);
+  for (int i = 0; i < n_tokens; i++) bench_point(ctx, &s, model, w1, w2, tokens[i], iters, stream);
   CHECK(moejit_ctx_synchronize(ctx));
+  moejit_model_destroy(model);
   moejit_mem_free(ctx, w1, NULL), moejit_mem_free(ctx, w2, NULL);
 }
 
@@ -557,21 +773,22 @@ static const char *csv_cell(char *buf, size_t n, const char *fmt, double v) {
 
 static const char *csv_header =
     "preset,gemm,path,tokens,rows,time_us,floor_us,pct_of_floor,tflops,tbs,floor_tflops,"
-    "floor_rate,dense_us,dense_tflops,loop_us,grouped_us,speedup_vs_best_peer,targets\n";
+    "floor_rate,dense_us,dense_tflops,loop_us,grouped_us,speedup_vs_best_peer,targets,"
+    "gemm1_gathers\n";
 
 static void csv_row(const point *p) {
   char b[6][32];
-  fprintf(g_csv, "%s,%s,%s,%lld,%lld,%.2f,%.2f,%.1f,%.1f,%.3f,%.1f,%s,%s,%s,%s,%s,%s,%s\n",
-          p->preset, p->gemm, p->path, (long long)p->tokens, (long long)p->rows, p->us,
-          p->floor_us, 100 * p->floor_us / p->us, p->tflops, p->tbs, p->floor_tflops,
+  fprintf(g_csv, "%s,%s,%s,%lld,%lld,%.2f,%.2f,%.1f,%.1f,%.3f,%.1f,%s,%s,%s,%s,%s,%s,%s,%d\n",
+          p->preset, p->gemm, p->path, (long long)p->tokens, (long long)p->rows, p->us, p->floor_us,
+          100 * p->floor_us / p->us, p->tflops, p->tbs, p->floor_tflops,
           isnan(p->dense_tflops) ? "fallback" : "dense", csv_cell(b[0], 32, "%.2f", p->peers.dense),
           csv_cell(b[1], 32, "%.1f", p->dense_tflops), csv_cell(b[2], 32, "%.2f", p->peers.loop),
           csv_cell(b[3], 32, "%.2f", p->peers.grouped), csv_cell(b[4], 32, "%.3f", p->speedup),
-          p->targets);
+          p->targets, p->gathers);
   fflush(g_csv);
 }
 
-static void print_footer(int fallbacks, int met) {
+static void print_footer(int fallbacks, int met, int gathered) {
   printf("# floor = max(FLOPs / dense TFLOP/s of the same point, bytes / %.1f TB/s), bytes = the\n"
          "#   active experts' weights + A + C once; TB/s = those bytes / time.\n",
          PEAK_BYTES / 1e12);
@@ -598,28 +815,36 @@ static void print_footer(int fallbacks, int met) {
       "#   routing/buffer sets until a pass touches %.0f MB (here up to %d sets); each peer\n"
       "#   runs once on every set before (cuBLAS loads kernels per shape).\n",
       g_iters, WARMUP, g_rounds, ROTATE_BYTES / 1e6, g_n_sets_max);
+  if (gathered)
+    printf(
+        "# path tuned*: gemm1 as the layer's forward runs it at that T (%d rows): reading x\n"
+        "#   [T, d] in place through the permuted rows' slot index (a_index / k = token, the\n"
+        "#   rows grouped by expert in token order), no permuted copy; same routing, floor\n"
+        "#   (A counted as T*k*d) and peers. Checked against the copied run of the same tile:\n"
+        "#   %d of %d points bit for bit.\n",
+        gathered, g_gather_checked - g_gather_bad, g_gather_checked);
   for (int i = 0; i < g_n_notes; i++) printf("# n/a: %s\n", g_notes[i]);
 }
 
 static void print_table(void) {
-  printf("\n%-14s %-5s %-5s %6s %9s %10s %6s %7s %5s %9s %8s %9s %10s %7s  %s\n", "preset",
-         "gemm", "path", "T", "time us", "floor us", "%floor", "TFLOP/s", "TB/s", "dense us",
-         "dense TF", "loop us", "grouped us", "vs peer", "targets");
-  int fallbacks = 0, met = 0;
+  printf("\n%-14s %-5s %-6s %6s %9s %10s %6s %7s %5s %9s %8s %9s %10s %7s  %s\n", "preset", "gemm",
+         "path", "T", "time us", "floor us", "%floor", "TFLOP/s", "TB/s", "dense us", "dense TF",
+         "loop us", "grouped us", "vs peer", "targets");
+  int fallbacks = 0, met = 0, gathered = 0;
   for (int i = 0; i < g_n_points; i++) {
     const point *p = &g_points[i];
-    char floor[32], b[5][32];
+    char floor[32], b[5][32], shown[16];
     const int fb = isnan(p->dense_tflops);
     snprintf(floor, sizeof floor, "%.1f%s", p->floor_us, fb ? "*" : "");
-    fallbacks += fb, met += !strcmp(p->targets, "ok");
-    printf("%-14s %-5s %-5s %6lld %9.1f %10s %5.1f%% %7.1f %5.2f %9s %8s %9s %10s %7s  %s\n",
-           p->preset, p->gemm, p->path, (long long)p->tokens, p->us, floor,
-           100 * p->floor_us / p->us, p->tflops, p->tbs, cell(b[0], 32, "%.1f", p->peers.dense),
-           cell(b[1], 32, "%.1f", p->dense_tflops), cell(b[2], 32, "%.1f", p->peers.loop),
-           cell(b[3], 32, "%.1f", p->peers.grouped), cell(b[4], 32, "%.2fx", p->speedup),
-           p->targets);
+    fallbacks += fb, met += !strcmp(p->targets, "ok"), gathered += p->gathers;
+    printf("%-14s %-5s %-6s %6lld %9.1f %10s %5.1f%% %7.1f %5.2f %9s %8s %9s %10s %7s  %s\n",
+           p->preset, p->gemm, shown_path(p, shown, sizeof shown), (long long)p->tokens, p->us,
+           floor, 100 * p->floor_us / p->us, p->tflops, p->tbs,
+           cell(b[0], 32, "%.1f", p->peers.dense), cell(b[1], 32, "%.1f", p->dense_tflops),
+           cell(b[2], 32, "%.1f", p->peers.loop), cell(b[3], 32, "%.1f", p->peers.grouped),
+           cell(b[4], 32, "%.2fx", p->speedup), p->targets);
   }
-  print_footer(fallbacks, met);
+  print_footer(fallbacks, met, gathered);
 }
 
 /* --path: "auto", "mma", "wgmma", "gemv", "tuned", "both" (mma then wgmma)
@@ -661,11 +886,14 @@ static uint16_t f32_to_bf16(float f) { /* round to nearest even; inputs are fini
 
 /* One expert, 64 rows: gemm2 y[64,64] = a[64,64] W2[64,64]^T (one tile);
  * gemm1 h[64,32] from W1[64,64] (32 gate + 32 up rows: one 64-B-row tile).
- * Prints the max abs error, and on failure the first mismatches and a map
- * of which 8x8 blocks of the output are wrong (descriptor / swizzle bugs
- * show as patterns). Returns 1 on a mismatch, 0 otherwise (or skipped). */
-static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path) {
-  enum { M = 64, K = 64 };
+ * gather (gemm1 only): the rows come from an x of XR rows through an index,
+ * as the layer's forward passes them (row r = x[index[r] / 2]; one index
+ * negative: a row of zeros). Prints the max abs error, and on failure the
+ * first mismatches and a map of which 8x8 blocks of the output are wrong
+ * (descriptor / swizzle bugs show as patterns). Returns 1 on a mismatch, 0
+ * otherwise (or skipped). */
+static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path, int gather) {
+  enum { M = 64, K = 64, XR = 40, DIV = 2 };
   const int n = which == 1 ? 32 : 64, w_rows = 64;
   moejit_spec s;
   CHECK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
@@ -673,9 +901,19 @@ static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path) {
   s.act_dtype = s.weight_dtype = s.out_dtype = MOEJIT_DTYPE_BF16;
   s.gemm1 = s.gemm2 = (moejit_gemm_cfg){64, 64, 64, 4, 8, 1, 1, (moejit_raster)0, MOEJIT_SCHEDULE_COOPERATIVE};
   CHECK(moejit_spec_validate(&s));
-  uint16_t a[M * K], w[64 * K], out[M * 64];
+  uint16_t a[M * K], w[64 * K], out[M * 64], x[XR * K];
+  int32_t index[M];
   double ref[M * 64], max_ref = 0, max_err = 0;
+  char name[32];
+  snprintf(name, sizeof name, "%s%s", path_name(path), gather ? "+gather" : "");
   for (int i = 0; i < M * K; i++) a[i] = f32_to_bf16((float)((rng_next() >> 11) * 0x1p-53 * 2 - 1));
+  if (gather) { /* A = x's rows through the index, zeros for the negative one */
+    memcpy(x, a, sizeof x);
+    for (int r = 0; r < M; r++) {
+      index[r] = r == 5 ? -1 : (int32_t)(rng_next() % (XR * DIV));
+      for (int k = 0; k < K; k++) a[r * K + k] = index[r] < 0 ? 0 : x[index[r] / DIV * K + k];
+    }
+  }
   for (int i = 0; i < w_rows * K; i++)
     w[i] = f32_to_bf16((float)((rng_next() >> 11) * 0x1p-53 * 0.5 - 0.25));
   for (int r = 0; r < M; r++)
@@ -689,26 +927,40 @@ static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path) {
       max_ref = fmax(max_ref, fabs(ref[r * n + c]));
     }
   int32_t off[2] = {0, M};
-  void *da, *dw, *dout, *doff;
+  void *da, *dw, *dout, *doff, *dindex = NULL;
   CHECK(moejit_mem_alloc(ctx, sizeof a, NULL, &da));
   CHECK(moejit_mem_alloc(ctx, sizeof w, NULL, &dw));
   CHECK(moejit_mem_alloc(ctx, sizeof out, NULL, &dout));
   CHECK(moejit_mem_alloc(ctx, sizeof off, NULL, &doff));
-  CHECK(moejit_memcpy_htod(ctx, da, a, sizeof a, NULL));
+  if (gather)
+    CHECK(moejit_memcpy_htod(ctx, da, x, sizeof x, NULL));
+  else
+    CHECK(moejit_memcpy_htod(ctx, da, a, sizeof a, NULL));
+  if (gather) {
+    CHECK(moejit_mem_alloc(ctx, sizeof index, NULL, &dindex));
+    CHECK(moejit_memcpy_htod(ctx, dindex, index, sizeof index, NULL));
+  }
   CHECK(moejit_memcpy_htod(ctx, dw, w, sizeof w, NULL));
   CHECK(moejit_memcpy_htod(ctx, doff, off, sizeof off, NULL));
   CHECK(moejit_memset_d32(ctx, dout, 0xffffffffu, sizeof out / 4, NULL));
-  moejit_gemm_args args = {
-      .a = da, .w = dw, .out = dout, .expert_offsets = doff, .max_rows = M, .path = path};
+  moejit_gemm_args args = {.a = da,
+                           .w = dw,
+                           .out = dout,
+                           .expert_offsets = doff,
+                           .max_rows = M,
+                           .path = path,
+                           .a_index = dindex,
+                           .a_index_div = gather ? DIV : 0,
+                           .a_rows = gather ? XR : 0};
   moejit_status st = which == 1 ? moejit_gemm1_swiglu(ctx, &s, &args, NULL) : moejit_gemm2(ctx, &s, &args, NULL);
   int bad = 0;
   if (st == MOEJIT_ERR_UNSUPPORTED) {
-    printf("smoke gemm%d %-5s: skipped: %s\n", which, path_name(path), moejit_last_error());
+    printf("smoke gemm%d %-5s: skipped: %s\n", which, name, moejit_last_error());
   } else {
     if (st == MOEJIT_OK) st = moejit_memcpy_dtoh(ctx, out, dout, sizeof out, NULL);
     if (st == MOEJIT_OK) st = moejit_ctx_synchronize(ctx);
     if (st != MOEJIT_OK) {
-      printf("smoke gemm%d %-5s: FAILED to run: %s\n", which, path_name(path), moejit_last_error());
+      printf("smoke gemm%d %-5s: FAILED to run: %s\n", which, name, moejit_last_error());
       bad = 1;
     }
   }
@@ -724,13 +976,13 @@ static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path) {
         if (!(err <= tol)) { /* NaN (poison left unwritten) counts */
           bad = 1, map[r / 8][c / 8] = 'X';
           if (shown++ < 8)
-            printf("  gemm%d %s: row %2d col %2d: got %10.5f want %10.5f\n", which, path_name(path), r, c, got,
+            printf("  gemm%d %s: row %2d col %2d: got %10.5f want %10.5f\n", which, name, r, c, got,
                    ref[r * n + c]);
         }
         max_err = isnan(got) ? INFINITY : fmax(max_err, err);
       }
     printf("smoke gemm%d %-5s: max abs error %.3g (max |ref| %.3g, tolerance %.3g): %s\n", which,
-           path_name(path), max_err, max_ref, tol, bad ? "MISMATCH" : "ok");
+           name, max_err, max_ref, tol, bad ? "MISMATCH" : "ok");
     if (bad) {
       printf("  wrong 8x8 blocks (rows down, cols across):\n");
       for (int r = 0; r < 8; r++) printf("    %.*s\n", n / 8, map[r]);
@@ -738,6 +990,7 @@ static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path) {
   }
   moejit_mem_free(ctx, da, NULL), moejit_mem_free(ctx, dw, NULL);
   moejit_mem_free(ctx, dout, NULL), moejit_mem_free(ctx, doff, NULL);
+  if (dindex) moejit_mem_free(ctx, dindex, NULL);
   return bad;
 }
 
@@ -764,7 +1017,9 @@ static int smoke_test(void) {
   const moejit_gemm_path paths[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
                                     MOEJIT_GEMM_PATH_GEMV};
   for (int which = 2; which >= 1; which--)
-    for (int p = 0; p < 3; p++) bad |= smoke_one(ctx, which, paths[p]);
+    for (int p = 0; p < 3; p++) bad |= smoke_one(ctx, which, paths[p], 0);
+  /* gemm1 reading x in place, as the layer's forward runs it (wgmma, the spec's tile) */
+  bad |= smoke_one(ctx, 1, MOEJIT_GEMM_PATH_WGMMA, 1);
   moejit_ctx_destroy(ctx);
   return bad;
 }
@@ -792,9 +1047,12 @@ static void usage(void) {
       "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a);\n"
       "gemv runs the weight-streaming decode kernel at any T (AUTO takes it at T*k <= 8);\n"
       "tuned runs what this GPU's tuned table names for the point (what a loaded model\n"
-      "runs; auto where it names nothing); compare prints an auto and a tuned row.\n"
-      "--smoke runs one 64x64x64 tile of each GEMM on each path against a CPU\n"
-      "reference and prints the max abs error and the first mismatches (exit 1 on any).\n"
+      "runs; auto where it names nothing), gemm1 reading x in place where the layer does\n"
+      "(path tuned*: moejit_moe_gemm1_gathers of the preset's loaded layer, checked bit for\n"
+      "bit against the copy; exit 1 on a mismatch); compare prints an auto and a tuned row.\n"
+      "--smoke runs one 64x64x64 tile of each GEMM on each path (and gemm1 wgmma gathering\n"
+      "its rows from x) against a CPU reference and prints the max abs error and the first\n"
+      "mismatches (exit 1 on any).\n"
       "Without a GPU it says so and exits 0.\n");
 }
 
@@ -867,5 +1125,5 @@ int main(int argc, char **argv) {
   moejit_ctx_destroy(ctx);
   if (g_csv && fclose(g_csv)) return perror(csv_path), 1;
   free(g_chunk);
-  return 0;
+  return g_gather_bad ? 1 : 0; /* a gathered gemm1 that computed other values than the copy */
 }
