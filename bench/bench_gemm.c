@@ -655,29 +655,33 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const moejit_mode
     prepare_peers(&r, where, ready);
     /* rounds: ours and each peer in turn, the first one changing every round
      * (the GPU's clocks and temperature drift; nobody always goes first) */
-    double t_ours[2][MAX_ROUNDS], t_peer[3][MAX_ROUNDS];
-    const int n_cont = g_n_paths + 3;
+    /* ours: a row per --path, and where GEMM 1 gathers one more, the tuned
+     * tile gathering (tuned*) beside the tuned row reading the copy */
+    const int n_ours = g_n_paths + (which == 1 && gather ? 1 : 0);
+    double t_ours[3][MAX_ROUNDS], t_peer[3][MAX_ROUNDS];
+    const int n_cont = n_ours + 3;
     for (int round = 0; round < g_rounds; round++)
       for (int j = 0; j < n_cont; j++) {
         const int c = (j + round) % n_cont;
-        if (c < g_n_paths) {
-          r.s = spec[c], r.path = path[c], r.gather = which == 1 && gather && c == tuned_at;
+        if (c < n_ours) {
+          const int at = c < g_n_paths ? c : tuned_at;
+          r.s = spec[at], r.path = path[at], r.gather = c == g_n_paths;
           t_ours[c][round] = time_ours(&r, iters);
           r.gather = 0;
         } else {
-          const int p = c - g_n_paths;
+          const int p = c - n_ours;
           r.s = s;
           t_peer[p][round] = ready[p] ? time_peer(&r, p, iters, where, &ready[p]) : NAN;
         }
       }
     unprepare_peers(&r);
-    double us[2];
-    for (int i = 0; i < g_n_paths; i++) us[i] = median_of(t_ours[i], g_rounds);
+    double us[3];
+    for (int i = 0; i < n_ours; i++) us[i] = median_of(t_ours[i], g_rounds);
     peer_times pt;
     for (int p = 0; p < 3; p++) *peer_slot(&pt, p) = median_of(t_peer[p], g_rounds);
-    for (int i = 0; i < g_n_paths; i++)
-      report(s->name, which == 1 ? "gemm1" : "gemm2", g_paths[i],
-             which == 1 && gather && i == tuned_at, tokens, rows, us[i], flops, bytes, &pt);
+    for (int i = 0; i < n_ours; i++)
+      report(s->name, which == 1 ? "gemm1" : "gemm2", g_paths[i < g_n_paths ? i : tuned_at],
+             i == g_n_paths, tokens, rows, us[i], flops, bytes, &pt);
   }
   free_sets(ctx, sets, n_sets);
 }
@@ -820,8 +824,9 @@ static void print_footer(int fallbacks, int met, int gathered) {
         "# path tuned*: gemm1 as the layer's forward runs it at that T (%d rows): reading x\n"
         "#   [T, d] in place through the permuted rows' slot index (a_index / k = token, the\n"
         "#   rows grouped by expert in token order), no permuted copy; same routing, floor\n"
-        "#   (A counted as T*k*d) and peers. Checked against the copied run of the same tile:\n"
-        "#   %d of %d points bit for bit.\n",
+        "#   (A counted as T*k*d) and peers. The tuned row before it times the same tile\n"
+        "#   from the permuted copy. Checked against that copied run: %d of %d points bit\n"
+        "#   for bit.\n",
         gathered, g_gather_checked - g_gather_bad, g_gather_checked);
   for (int i = 0; i < g_n_notes; i++) printf("# n/a: %s\n", g_notes[i]);
 }
