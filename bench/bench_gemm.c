@@ -98,6 +98,12 @@ static void note_na(const char *peer, const char *where, const char *why) {
     }                                                                                       \
   } while (0)
 
+static void *host_alloc_or_die(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) fprintf(stderr, "out of host memory\n"), exit(1);
+  return p;
+}
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rng_next(void) {
   rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
@@ -106,8 +112,7 @@ static uint64_t rng_next(void) {
 
 /* Small values in [-1/32, 1/32) as bf16/fp16 bits: sums stay finite. */
 static void make_chunk(moejit_dtype dt) {
-  uint16_t *c = malloc(CHUNK_BYTES);
-  if (!c) fprintf(stderr, "out of host memory\n"), exit(1);
+  uint16_t *c = host_alloc_or_die(CHUNK_BYTES);
   for (size_t i = 0; i < CHUNK_BYTES / 2; i++) {
     uint64_t r = rng_next();
     /* exponent 2^-6..2^-9, random mantissa and sign */
@@ -135,7 +140,8 @@ static void *dev_random(moejit_ctx *ctx, size_t bytes) {
  * random draws are the same either way, so a point's routing does not
  * depend on whether it gathers. */
 static int route_random(const moejit_spec *s, int64_t tokens, int32_t *offsets, int32_t *choice) {
-  int32_t *counts = calloc((size_t)s->experts, sizeof *counts);
+  int32_t *counts = host_alloc_or_die(sizeof *counts * (size_t)s->experts);
+  memset(counts, 0, sizeof *counts * (size_t)s->experts);
   int picked[64];
   for (int64_t t = 0; t < tokens; t++)
     for (int j = 0; j < s->top_k; j++) {
@@ -416,12 +422,6 @@ static void report(const char *preset, const char *gemm, moejit_gemm_path path, 
   if (g_n_points < MAX_POINTS) g_points[g_n_points++] = p;
 }
 
-static void *host_alloc_or_die(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  if (!p) fprintf(stderr, "out of host memory\n"), exit(1);
-  return p;
-}
-
 /* The index of the permuted rows that align's sorted_slot would hold for
  * routing `choice` [T, k] and its offsets: rows grouped by expert, tokens
  * in order inside an expert, row r naming slot t*k + j (so index[r] / k is
@@ -479,8 +479,7 @@ static int make_sets(moejit_ctx *ctx, const moejit_spec *s, int64_t tokens, int 
   do {
     io_set *io = &sets[n_sets++];
     memset(io, 0, sizeof *io);
-    io->host_offsets = malloc(off_bytes);
-    if (!io->host_offsets) fprintf(stderr, "out of host memory\n"), exit(1);
+    io->host_offsets = host_alloc_or_die(off_bytes);
     int32_t *choice = gather ? host_alloc_or_die(sizeof *choice * (size_t)rows) : NULL;
     int act = route_random(s, tokens, io->host_offsets, choice);
     *active += act;
@@ -504,8 +503,7 @@ static int make_sets(moejit_ctx *ctx, const moejit_spec *s, int64_t tokens, int 
       io->h2 = NULL;
     CHECK(moejit_mem_alloc(ctx, off_bytes, NULL, &io->offsets));
     CHECK(moejit_memcpy_htod(ctx, io->offsets, io->host_offsets, off_bytes, NULL));
-    float *sc = malloc(sizeof(float) * (size_t)rows);
-    if (!sc) fprintf(stderr, "out of host memory\n"), exit(1);
+    float *sc = host_alloc_or_die(sizeof(float) * (size_t)rows);
     for (int64_t i = 0; i < rows; i++) sc[i] = 1.0f / (float)s->top_k;
     CHECK(moejit_mem_alloc(ctx, sizeof(float) * (size_t)rows, NULL, (void **)&io->scale));
     CHECK(moejit_memcpy_htod(ctx, io->scale, sc, sizeof(float) * (size_t)rows, NULL));
@@ -937,11 +935,10 @@ static int smoke_one(moejit_ctx *ctx, int which, moejit_gemm_path path, int gath
   CHECK(moejit_mem_alloc(ctx, sizeof w, NULL, &dw));
   CHECK(moejit_mem_alloc(ctx, sizeof out, NULL, &dout));
   CHECK(moejit_mem_alloc(ctx, sizeof off, NULL, &doff));
-  if (gather)
-    CHECK(moejit_memcpy_htod(ctx, da, x, sizeof x, NULL));
-  else
+  if (!gather) {
     CHECK(moejit_memcpy_htod(ctx, da, a, sizeof a, NULL));
-  if (gather) {
+  } else { /* A is x (XR rows), read through the index */
+    CHECK(moejit_memcpy_htod(ctx, da, x, sizeof x, NULL));
     CHECK(moejit_mem_alloc(ctx, sizeof index, NULL, &dindex));
     CHECK(moejit_memcpy_htod(ctx, dindex, index, sizeof index, NULL));
   }
