@@ -222,12 +222,14 @@ void mj_tune_data_free(mj_tune_data *d);
 /* The float64 reference of rows[0..n_rows) of GEMM `which` (gemm2 without
  * row scale): A [max_rows, K] at a_offset, W at w_offset (layouts of
  * moejit/gemm.h), expert of each row from offsets. ref is [n_rows, N]. Runs
- * on `jobs` threads. a_period > 0: A repeats every a_period rows (row r of A
- * is row r % a_period of the pattern; the GPU backend's GEMM 1 inputs,
- * which x's rows gather to). */
+ * on `jobs` threads. Row r of A is row r of the pattern, or with a_period >
+ * 0 row r % a_period (A repeats: the GPU backend's GEMM 1 inputs from the
+ * copy), or with a_map row a_map[r] (the x row that a gathering GEMM 1
+ * reads for it, mj_tune_gather_rows). */
 void mj_tune_reference(const mj_tune_data *d, const moejit_spec *spec, int which,
                        const int32_t *offsets, const int64_t *rows, int n_rows, size_t a_offset,
-                       int64_t a_period, size_t w_offset, int jobs, double *ref);
+                       int64_t a_period, const int32_t *a_map, size_t w_offset, int jobs,
+                       double *ref);
 
 /* ||got - ref|| / ||ref|| over n values stored as dtype bits; INFINITY for
  * a NaN or infinity. */
@@ -237,6 +239,16 @@ double mj_tune_rel_error(const mj_tune_data *d, const uint16_t *got, const doubl
  * uniformly; offsets [E+1]. Returns the number of experts with rows, or -1
  * when out of memory. */
 int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed, int32_t *offsets);
+
+/* The x row (token) that each of `rows` rows of a gathering GEMM 1 reads,
+ * as align's sorted_slot would name it for this routing: the tokens of row
+ * r are perm(r % tokens) for a seeded permutation perm of the tokens, sorted
+ * ascending inside each expert's rows [offsets[e], offsets[e + 1]) as
+ * align keeps them (every expert's rows then hold distinct tokens, each
+ * token appears rows / tokens times, scattered over x as routed tokens
+ * are). x_row [rows]. Returns 0, or -1 when out of memory. */
+int mj_tune_gather_rows(const int32_t *offsets, int32_t experts, int64_t tokens, int64_t rows,
+                        uint64_t seed, int32_t *x_row);
 
 /* Up to n rows spread over the experts that have rows (seeded). Returns the
  * count written. */

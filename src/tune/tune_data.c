@@ -101,6 +101,32 @@ int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed,
   return active;
 }
 
+static int cmp_int32(const void *a, const void *b) {
+  const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+int mj_tune_gather_rows(const int32_t *offsets, int32_t experts, int64_t tokens, int64_t rows,
+                        uint64_t seed, int32_t *x_row) {
+  int32_t *perm = malloc((size_t)tokens * sizeof *perm);
+  if (!perm) return -1;
+  uint64_t s = mj_tune_mix(seed, 0x9a7e) | 1;
+  for (int64_t t = 0; t < tokens; t++) perm[t] = (int32_t)t;
+  for (int64_t t = tokens - 1; t > 0; t--) { /* Fisher-Yates */
+    const int64_t u = (int64_t)(next(&s) % (uint64_t)(t + 1));
+    const int32_t v = perm[t];
+    perm[t] = perm[u], perm[u] = v;
+  }
+  for (int64_t r = 0; r < rows; r++) x_row[r] = perm[r % tokens];
+  free(perm);
+  for (int32_t e = 0; e < experts; e++) {
+    const int64_t lo = offsets[e] < 0 ? 0 : offsets[e],
+                  hi = offsets[e + 1] > rows ? rows : offsets[e + 1];
+    if (hi - lo > 1) qsort(x_row + lo, (size_t)(hi - lo), sizeof *x_row, cmp_int32);
+  }
+  return 0;
+}
+
 int mj_tune_check_rows(const int32_t *offsets, int32_t experts, int n, uint64_t seed,
                        int64_t *rows) {
   int active[1024], n_active = 0;
@@ -181,7 +207,8 @@ static int expert_of(const int32_t *offsets, int32_t experts, int64_t row) {
 
 void mj_tune_reference(const mj_tune_data *d, const moejit_spec *spec, int which,
                        const int32_t *offsets, const int64_t *rows, int n_rows, size_t a_offset,
-                       int64_t a_period, size_t w_offset, int jobs, double *ref) {
+                       int64_t a_period, const int32_t *a_map, size_t w_offset, int jobs,
+                       double *ref) {
   int64_t f = spec->expert_width, hidden = spec->hidden;
   ref_job j = {d,
                which,
@@ -202,7 +229,7 @@ void mj_tune_reference(const mj_tune_data *d, const moejit_spec *spec, int which
   }
   for (int r = 0; r < n_rows; r++) {
     expert[r] = expert_of(offsets, spec->experts, rows[r]);
-    const int64_t a_row = a_period > 0 ? rows[r] % a_period : rows[r];
+    const int64_t a_row = a_map ? a_map[rows[r]] : a_period > 0 ? rows[r] % a_period : rows[r];
     size_t p = (a_offset + (size_t)a_row * (size_t)j.k) % d->n;
     for (int64_t i = 0; i < j.k; i++) {
       a[(size_t)r * (size_t)j.k + (size_t)i] = d->lut[d->chunk[p]];

@@ -759,6 +759,41 @@ Test(tune_data, routing_and_sampled_rows) {
   cr_assert(!memcmp(off, same, sizeof off), "seeded: the same routing");
 }
 
+/* The gathering GEMM 1's x rows: what align's sorted_slot names for a
+ * routing (distinct tokens ascending inside each expert, every token k
+ * times), scattered over x rather than consecutive. */
+Test(tune_data, gather_rows_follow_the_routing) {
+  int32_t off[65];
+  for (int64_t tokens = 1; tokens <= 4096; tokens *= 8) {
+    const int64_t rows = tokens * 8;
+    mj_tune_route(64, 8, tokens, 11, off);
+    int32_t *x_row = malloc((size_t)rows * sizeof *x_row);
+    int *seen = calloc((size_t)tokens, sizeof *seen);
+    cr_assert(x_row && seen);
+    cr_assert_eq(mj_tune_gather_rows(off, 64, tokens, rows, 5, x_row), 0);
+    int64_t runs = 0, pairs = 0;
+    for (int e = 0; e < 64; e++)
+      for (int32_t r = off[e]; r < off[e + 1]; r++) {
+        cr_assert(x_row[r] >= 0 && x_row[r] < tokens, "row %d: token %d", r, x_row[r]);
+        seen[x_row[r]]++;
+        if (r > off[e]) {
+          cr_assert_gt(x_row[r], x_row[r - 1], "expert %d: tokens distinct and ascending", e);
+          pairs++, runs += x_row[r] == x_row[r - 1] + 1;
+        }
+      }
+    for (int64_t t = 0; t < tokens; t++)
+      cr_assert_eq(seen[t], 8, "token %lld: k rows", (long long)t);
+    /* consecutive rows of an expert hold consecutive tokens about as often
+     * as top-k routing makes them (k / E = 1/8), not always */
+    if (tokens >= 512) cr_assert_lt(runs, pairs / 4, "%lld of %lld pairs consecutive", runs, pairs);
+    int32_t *again = malloc((size_t)rows * sizeof *again);
+    cr_assert(again);
+    cr_assert_eq(mj_tune_gather_rows(off, 64, tokens, rows, 5, again), 0);
+    cr_assert(!memcmp(x_row, again, (size_t)rows * sizeof *again), "seeded: the same rows");
+    free(again), free(seen), free(x_row);
+  }
+}
+
 static double naive(const mj_tune_data *d, const moejit_spec *s, int which, int expert, int64_t row,
                     int64_t col, size_t a_off, size_t w_off) {
   int64_t k = which == 1 ? s->hidden : s->expert_width,
@@ -793,7 +828,7 @@ Test(tune_data, reference_matches_a_naive_one) {
     for (int which = 1; which <= 2; which++) {
       int64_t cols = which == 1 ? s.expert_width : s.hidden;
       double ref[6 * 96];
-      mj_tune_reference(&d, &s, which, off, rows, n, 123, 0, 777, 2, ref);
+      mj_tune_reference(&d, &s, which, off, rows, n, 123, 0, NULL, 777, 2, ref);
       for (int r = 0; r < n; r++) {
         int e = 0;
         while (off[e + 1] <= rows[r]) e++;
@@ -803,12 +838,24 @@ Test(tune_data, reference_matches_a_naive_one) {
       }
       /* A repeating every 7 rows (GEMM 1's inputs on the GPU, which x's rows
        * gather to): row r multiplies A row r % 7 with its own expert's W */
-      mj_tune_reference(&d, &s, which, off, rows, n, 123, 7, 777, 2, ref);
+      mj_tune_reference(&d, &s, which, off, rows, n, 123, 7, NULL, 777, 2, ref);
       for (int r = 0; r < n; r++) {
         int e = 0;
         while (off[e + 1] <= rows[r]) e++;
         for (int64_t c = 0; c < cols; c++)
           cr_assert_float_eq(ref[r * cols + c], naive(&d, &s, which, e, rows[r] % 7, c, 123, 777),
+                             1e-12);
+      }
+      /* A rows named by a map (a gathering GEMM 1's x rows): row r
+       * multiplies pattern row map[r] with its own expert's W */
+      int32_t map[40];
+      for (int r = 0; r < 40; r++) map[r] = (r * 13 + 5) % 20;
+      mj_tune_reference(&d, &s, which, off, rows, n, 123, 7, map, 777, 2, ref);
+      for (int r = 0; r < n; r++) {
+        int e = 0;
+        while (off[e + 1] <= rows[r]) e++;
+        for (int64_t c = 0; c < cols; c++)
+          cr_assert_float_eq(ref[r * cols + c], naive(&d, &s, which, e, map[rows[r]], c, 123, 777),
                              1e-12);
       }
       /* the error measure: exact bits give 0, a NaN gives infinity */
