@@ -225,7 +225,7 @@ void mj_tune_data_free(mj_tune_data *d);
  * on `jobs` threads. Row r of A is row r of the pattern, or with a_period >
  * 0 row r % a_period (A repeats: the GPU backend's GEMM 1 inputs from the
  * copy), or with a_map row a_map[r] (the x row that a gathering GEMM 1
- * reads for it, mj_tune_gather_rows). */
+ * reads for it: align's sorted_slot / top_k, mj_tune_sorted_slots). */
 void mj_tune_reference(const mj_tune_data *d, const moejit_spec *spec, int which,
                        const int32_t *offsets, const int64_t *rows, int n_rows, size_t a_offset,
                        int64_t a_period, const int32_t *a_map, size_t w_offset, int jobs,
@@ -236,19 +236,18 @@ void mj_tune_reference(const mj_tune_data *d, const moejit_spec *spec, int which
 double mj_tune_rel_error(const mj_tune_data *d, const uint16_t *got, const double *ref, size_t n);
 
 /* Seeded routing: each of `tokens` tokens picks top_k distinct experts
- * uniformly; offsets [E+1]. Returns the number of experts with rows, or -1
- * when out of memory. */
-int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed, int32_t *offsets);
+ * uniformly; offsets [E+1]; choice (or NULL) the picks [tokens, top_k], token
+ * t's j-th expert at t * top_k + j (the draws are the same either way).
+ * Returns the number of experts with rows, or -1 when out of memory. */
+int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed, int32_t *offsets,
+                  int32_t *choice);
 
-/* The x row (token) that each of `rows` rows of a gathering GEMM 1 reads,
- * as align's sorted_slot would name it for this routing: the tokens of row
- * r are perm(r % tokens) for a seeded permutation perm of the tokens, sorted
- * ascending inside each expert's rows [offsets[e], offsets[e + 1]) as
- * align keeps them (every expert's rows then hold distinct tokens, each
- * token appears rows / tokens times, scattered over x as routed tokens
- * are). x_row [rows]. Returns 0, or -1 when out of memory. */
-int mj_tune_gather_rows(const int32_t *offsets, int32_t experts, int64_t tokens, int64_t rows,
-                        uint64_t seed, int32_t *x_row);
+/* align's sorted_slot for routing `choice` [entries] (mj_tune_route's
+ * picks) and its offsets: rows grouped by expert, slots (t * top_k + j)
+ * ascending inside an expert, so a gathering GEMM 1 reads row r from x row
+ * slot[r] / top_k. slot [entries]. Returns 0, or -1 when out of memory. */
+int mj_tune_sorted_slots(const int32_t *choice, const int32_t *offsets, int32_t experts,
+                         int64_t entries, int32_t *slot);
 
 /* Up to n rows spread over the experts that have rows (seeded). Returns the
  * count written. */
@@ -271,6 +270,7 @@ typedef struct mj_tune_group {
   int which;
   int64_t tokens, rows;   /* rows = tokens * top_k */
   const int32_t *offsets; /* [E+1], the routing the check uses (set 0) */
+  const int32_t *choice;  /* its picks [tokens, top_k] (mj_tune_route) */
   int active_experts;
   uint64_t seed; /* for this group's data and other routings */
   int warmup, iters, min_iters;

@@ -75,7 +75,8 @@ void mj_tune_data_free(mj_tune_data *d) {
   d->chunk = NULL, d->n = 0;
 }
 
-int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed, int32_t *offsets) {
+int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed, int32_t *offsets,
+                  int32_t *choice) {
   int32_t *counts = calloc((size_t)experts, sizeof *counts);
   if (!counts) return -1;
   uint64_t s = mj_tune_mix(seed, 0x7011) | 1;
@@ -90,6 +91,7 @@ int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed,
       } while (dup);
       picked[j] = e;
       counts[e]++;
+      if (choice) choice[t * top_k + j] = e;
     }
   int active = 0;
   offsets[0] = 0;
@@ -101,29 +103,13 @@ int mj_tune_route(int32_t experts, int32_t top_k, int64_t tokens, uint64_t seed,
   return active;
 }
 
-static int cmp_int32(const void *a, const void *b) {
-  const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  return (x > y) - (x < y);
-}
-
-int mj_tune_gather_rows(const int32_t *offsets, int32_t experts, int64_t tokens, int64_t rows,
-                        uint64_t seed, int32_t *x_row) {
-  int32_t *perm = malloc((size_t)tokens * sizeof *perm);
-  if (!perm) return -1;
-  uint64_t s = mj_tune_mix(seed, 0x9a7e) | 1;
-  for (int64_t t = 0; t < tokens; t++) perm[t] = (int32_t)t;
-  for (int64_t t = tokens - 1; t > 0; t--) { /* Fisher-Yates */
-    const int64_t u = (int64_t)(next(&s) % (uint64_t)(t + 1));
-    const int32_t v = perm[t];
-    perm[t] = perm[u], perm[u] = v;
-  }
-  for (int64_t r = 0; r < rows; r++) x_row[r] = perm[r % tokens];
-  free(perm);
-  for (int32_t e = 0; e < experts; e++) {
-    const int64_t lo = offsets[e] < 0 ? 0 : offsets[e],
-                  hi = offsets[e + 1] > rows ? rows : offsets[e + 1];
-    if (hi - lo > 1) qsort(x_row + lo, (size_t)(hi - lo), sizeof *x_row, cmp_int32);
-  }
+int mj_tune_sorted_slots(const int32_t *choice, const int32_t *offsets, int32_t experts,
+                         int64_t entries, int32_t *slot) {
+  int32_t *cursor = malloc((size_t)experts * sizeof *cursor);
+  if (!cursor) return -1;
+  memcpy(cursor, offsets, (size_t)experts * sizeof *cursor);
+  for (int64_t s = 0; s < entries; s++) slot[cursor[choice[s]]++] = (int32_t)s;
+  free(cursor);
   return 0;
 }
 

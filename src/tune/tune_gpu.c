@@ -46,16 +46,14 @@ typedef struct gpu {
   /* GEMM 1 as the layer runs it (docs/tune.md): A repeats every `period`
    * (= T) rows, so its first T rows are x. A candidate whose plan the layer
    * gathers with (mj_gemm1_plan_gathers) reads x through `index` [rows],
-   * which names for A row r the slot x_row[r] * k + r / T: the tokens of
-   * each expert's rows scattered over x as routing scatters them
-   * (mj_tune_gather_rows), checked against ref_gather, the reference of
-   * those rows. The others read A and are charged copy_us, the time to
-   * write A (align's permuted copy). */
+   * align's sorted_slot for set 0's routing (mj_tune_sorted_slots): each
+   * expert's rows read x scattered as routing scatters them, A row r the x
+   * row x_row[r], checked against ref_gather, the reference of those rows. The others read A and
+   * are charged copy_us, the time to write A (align's permuted copy). */
   int64_t period; /* 0: GEMM 2 */
   void *index;
   int32_t *x_row;     /* host [rows] */
   double *ref_gather; /* computed for the group's first gathering candidate */
-  int have_ref_gather;
   double copy_us;
   int gathers; /* the candidate being measured gathers */
 } gpu;
@@ -90,7 +88,7 @@ static void free_sets(gpu *g) {
   free_ptr(g, &g->index);
   g->n_sets = 0, g->period = 0, g->copy_us = 0, g->gathers = 0;
   free(g->ref), free(g->got), free(g->x_row), free(g->ref_gather);
-  g->ref = NULL, g->got = NULL, g->x_row = NULL, g->ref_gather = NULL, g->have_ref_gather = 0;
+  g->ref = NULL, g->got = NULL, g->x_row = NULL, g->ref_gather = NULL;
 }
 
 static void free_weights(gpu *g) {
@@ -126,7 +124,7 @@ static moejit_status upload_routing(gpu *g, const mj_tune_group *grp, int set, v
     memcpy(off, grp->offsets, bytes);
   else
     mj_tune_route(grp->base->experts, grp->base->top_k, grp->tokens,
-                  mj_tune_mix(grp->seed, (uint64_t)set), off);
+                  mj_tune_mix(grp->seed, (uint64_t)set), off, NULL);
   moejit_status st = moejit_mem_alloc(g->ctx, bytes, g->stream, dst);
   if (!st) st = moejit_memcpy_htod(g->ctx, *dst, off, bytes, g->stream);
   free(off);
@@ -178,17 +176,21 @@ static moejit_status events(gpu *g, int n) {
   return MOEJIT_OK;
 }
 
-/* GEMM 1's gather index (gpu.index): slot x_row[r] * k + r / T for A row r,
- * x_row from the group's routing (set 0's offsets). */
+/* GEMM 1's gather index (gpu.index): align's sorted_slot for set 0's
+ * routing; x_row[r] = its slot / k, the x row that A row r reads. */
 static moejit_status upload_index(gpu *g, const mj_tune_group *grp) {
-  const int64_t rows = grp->rows, t = g->period, k = grp->base->top_k;
+  const int64_t rows = grp->rows, k = grp->base->top_k;
+  if (!grp->choice)
+    return mj_fail(
+        MOEJIT_ERR_INVALID_ARGUMENT,
+        "moejit tune: a GEMM 1 group without its routing's picks (mj_tune_group.choice)");
   int32_t *idx = malloc((size_t)rows * sizeof *idx + 1);
   g->x_row = malloc((size_t)rows * sizeof *g->x_row + 1);
   moejit_status st = MOEJIT_OK;
   if (!idx || !g->x_row ||
-      mj_tune_gather_rows(grp->offsets, grp->base->experts, t, rows, grp->seed, g->x_row))
+      mj_tune_sorted_slots(grp->choice, grp->offsets, grp->base->experts, rows, idx))
     st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of host memory for the gather index");
-  for (int64_t r = 0; !st && r < rows; r++) idx[r] = (int32_t)(g->x_row[r] * k + r / t);
+  for (int64_t r = 0; !st && r < rows; r++) g->x_row[r] = (int32_t)(idx[r] / k);
   if (!st) st = moejit_mem_alloc(g->ctx, (size_t)rows * sizeof *idx, g->stream, &g->index);
   if (!st) st = moejit_memcpy_htod(g->ctx, g->index, idx, (size_t)rows * sizeof *idx, g->stream);
   if (!st) st = moejit_stream_synchronize(g->ctx, g->stream); /* idx is freed next */
@@ -353,13 +355,12 @@ static moejit_status gpu_measure(void *state, const mj_tune_group *grp, const mo
   if (g->period && g->index &&
       mj_gemm_plan_make_for(spec, 1, path, grp->rows, g->arch, &plan) == MOEJIT_OK)
     g->gathers = mj_gemm1_plan_gathers(spec, grp->tokens, &plan, mj_ctx_l2_bytes(g->ctx));
-  if (g->gathers && !g->have_ref_gather) { /* the gathered rows' reference, once a group */
+  if (g->gathers && !g->ref_gather) { /* the gathered rows' reference, once a group */
     const size_t n = (size_t)g->n_check * (size_t)g->n_out;
     if (!(g->ref_gather = malloc(n * sizeof *g->ref_gather + 1)))
       return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of host memory for the check");
     mj_tune_reference(g->data, grp->base, grp->which, grp->offsets, g->check_rows, g->n_check,
                       g->a_offset, 0, g->x_row, g->w_offset, grp->jobs, g->ref_gather);
-    g->have_ref_gather = 1;
   }
   moejit_status st = events(g, 2);
   if (!st) st = check(g, grp, spec, path, &m->rel_err);

@@ -578,11 +578,13 @@ static moejit_status run_group(run *r, size_t first, size_t end) {
     moejit_spec base;
     base_spec(r, head, &base);
     int32_t *offsets = malloc(((size_t)sh->spec.experts + 1) * sizeof *offsets);
+    int32_t *choice = malloc((size_t)(head->tokens * sh->spec.top_k) * sizeof *choice + 1);
     uint64_t seed = mj_tune_mix(mj_tune_mix(r->sw->seed, (uint64_t)shape), (uint64_t)head->tokens);
-    int active =
-        offsets ? mj_tune_route(sh->spec.experts, sh->spec.top_k, head->tokens, seed, offsets) : -1;
+    int active = offsets && choice ? mj_tune_route(sh->spec.experts, sh->spec.top_k, head->tokens,
+                                                   seed, offsets, choice)
+                                   : -1;
     if (active < 0) {
-      free(offsets);
+      free(offsets), free(choice);
       return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory routing tokens");
     }
     mj_tune_group g = {r->sw,
@@ -592,6 +594,7 @@ static moejit_status run_group(run *r, size_t first, size_t end) {
                        head->tokens,
                        head->tokens * sh->spec.top_k,
                        offsets,
+                       choice,
                        active,
                        mj_tune_mix(seed, (uint64_t)head->which),
                        r->o->warmup > 0 ? r->o->warmup : r->sw->warmup,
@@ -610,7 +613,7 @@ static moejit_status run_group(run *r, size_t first, size_t end) {
       runoff(r, &g, first, end);
       r->be->close_group(r->be->state, &g);
     }
-    free(offsets);
+    free(offsets), free(choice);
   } else {
     time_rows(r, NULL, first, end); /* marks budget / dead skips */
   }

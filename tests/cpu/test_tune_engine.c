@@ -734,7 +734,7 @@ Test(tune_engine, dry_run_and_compile_only_write_nothing) {
 Test(tune_data, routing_and_sampled_rows) {
   int32_t off[65];
   for (int64_t tokens = 1; tokens <= 4096; tokens *= 8) {
-    int active = mj_tune_route(64, 8, tokens, 7, off);
+    int active = mj_tune_route(64, 8, tokens, 7, off, NULL);
     cr_assert_eq(off[0], 0);
     cr_assert_eq(off[64], tokens * 8);
     int nonempty = 0;
@@ -754,23 +754,28 @@ Test(tune_data, routing_and_sampled_rows) {
     }
   }
   int32_t same[65];
-  mj_tune_route(64, 8, 100, 7, off);
-  mj_tune_route(64, 8, 100, 7, same);
+  mj_tune_route(64, 8, 100, 7, off, NULL);
+  mj_tune_route(64, 8, 100, 7, same, NULL);
   cr_assert(!memcmp(off, same, sizeof off), "seeded: the same routing");
 }
 
-/* The gathering GEMM 1's x rows: what align's sorted_slot names for a
- * routing (distinct tokens ascending inside each expert, every token k
- * times), scattered over x rather than consecutive. */
+/* The gathering GEMM 1's x rows: align's sorted_slot for a routing
+ * (distinct tokens ascending inside each expert, every token k times),
+ * scattered over x rather than consecutive. */
 Test(tune_data, gather_rows_follow_the_routing) {
   int32_t off[65];
   for (int64_t tokens = 1; tokens <= 4096; tokens *= 8) {
     const int64_t rows = tokens * 8;
-    mj_tune_route(64, 8, tokens, 11, off);
+    int32_t *choice = malloc((size_t)rows * sizeof *choice), same[65];
+    cr_assert(choice);
+    mj_tune_route(64, 8, tokens, 11, off, choice);
+    mj_tune_route(64, 8, tokens, 11, same, NULL);
+    cr_assert(!memcmp(off, same, sizeof off), "the same routing with or without its picks");
     int32_t *x_row = malloc((size_t)rows * sizeof *x_row);
     int *seen = calloc((size_t)tokens, sizeof *seen);
     cr_assert(x_row && seen);
-    cr_assert_eq(mj_tune_gather_rows(off, 64, tokens, rows, 5, x_row), 0);
+    cr_assert_eq(mj_tune_sorted_slots(choice, off, 64, rows, x_row), 0);
+    for (int64_t r = 0; r < rows; r++) x_row[r] /= 8; /* slot -> token */
     int64_t runs = 0, pairs = 0;
     for (int e = 0; e < 64; e++)
       for (int32_t r = off[e]; r < off[e + 1]; r++) {
@@ -788,9 +793,10 @@ Test(tune_data, gather_rows_follow_the_routing) {
     if (tokens >= 512) cr_assert_lt(runs, pairs / 4, "%lld of %lld pairs consecutive", runs, pairs);
     int32_t *again = malloc((size_t)rows * sizeof *again);
     cr_assert(again);
-    cr_assert_eq(mj_tune_gather_rows(off, 64, tokens, rows, 5, again), 0);
+    cr_assert_eq(mj_tune_sorted_slots(choice, off, 64, rows, again), 0);
+    for (int64_t r = 0; r < rows; r++) again[r] /= 8;
     cr_assert(!memcmp(x_row, again, (size_t)rows * sizeof *again), "seeded: the same rows");
-    free(again), free(seen), free(x_row);
+    free(again), free(seen), free(x_row), free(choice);
   }
 }
 
@@ -822,7 +828,7 @@ Test(tune_data, reference_matches_a_naive_one) {
       cr_assert(v >= ldexp(1, -d.scale_exp) && v < ldexp(2, -d.scale_exp), "values +-[1,2)*2^-e");
     }
     int32_t off[5];
-    mj_tune_route(4, 2, 20, 9, off);
+    mj_tune_route(4, 2, 20, 9, off, NULL);
     int64_t rows[6];
     int n = mj_tune_check_rows(off, 4, 6, 1, rows);
     for (int which = 1; which <= 2; which++) {

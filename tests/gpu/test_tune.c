@@ -47,7 +47,7 @@ static void entry_runs(moejit_ctx *ctx, const mj_tuned_entry *e, const moejit_sp
   int64_t rows = e->tokens * spec.top_k, k = which == 1 ? spec.hidden : spec.expert_width;
   int64_t n = which == 1 ? spec.expert_width : spec.hidden, wr = which == 1 ? 2 * n : n;
   int32_t off[1025];
-  mj_tune_route(spec.experts, spec.top_k, e->tokens, ts_next(rng), off);
+  mj_tune_route(spec.experts, spec.top_k, e->tokens, ts_next(rng), off, NULL);
   size_t a_n = (size_t)(rows * k), w_n = (size_t)(spec.experts * wr * k), o_n = (size_t)(rows * n);
   uint16_t *a = malloc(a_n * 2), *w = malloc(w_n * 2), *out = malloc(o_n * 2);
   double *ref = malloc(o_n * sizeof *ref);
@@ -107,15 +107,17 @@ Test(tune_gpu, gemm1_timed_as_the_layer_runs_it, .timeout = 300) {
   moejit_sweep sw;
   memset(&sw, 0, sizeof sw);
   sw.seed = 7;
-  const int64_t tokens = 600;
-  int32_t off[9];
-  mj_tune_route(8, 2, tokens, 11, off);
+  enum { kTokens = 600 };
+  const int64_t tokens = kTokens;
+  int32_t off[9], choice[kTokens * 2];
+  mj_tune_route(8, 2, tokens, 11, off, choice);
   mj_tune_group g = {.sweep = &sw,
                      .base = &base,
                      .which = 1,
                      .tokens = tokens,
                      .rows = tokens * 2,
                      .offsets = off,
+                     .choice = choice,
                      .active_experts = 8,
                      .seed = 5,
                      .warmup = 2,
