@@ -242,9 +242,10 @@ static void fill_mma_plan(const moejit_spec *spec, const moejit_gemm_cfg *g, int
 }
 
 /* mj_wg_stages: stages * tile_k in 64-wide k-tiles, 2..16, within budget
- * beside the tile table (mj_wg_table_bytes: int [E + 1], 16-byte rounded). */
+ * beside the tile table (mj_wg_table_bytes: int [E + 1] and 2E + 2 group
+ * starts, 16-byte rounded). */
 static int wg_table_bytes(int experts) {
-  return ((experts + 1) * 4 + 15) / 16 * 16;
+  return ((experts + 1 + 2 * experts + 2) * 4 + 15) / 16 * 16;
 }
 
 static int wg_stages(int want, int stage_bytes, int extra) {

@@ -46,10 +46,15 @@ __host__ __device__ constexpr int mj_wg_stages(int want, int stage_bytes, int ex
   return s;
 }
 
+// Group starts the scheduler keeps in shared memory (mj_wg_build_groups).
+__host__ __device__ constexpr int mj_wg_group_slots(int experts) {
+  return 2 * experts + 2;
+}
+
 // Bytes of the tile table: the first M-tile of each expert, [EXPERTS + 1]
-// ints, rounded up to 16.
+// ints, then mj_wg_group_slots group starts, rounded up to 16.
 __host__ __device__ constexpr int mj_wg_table_bytes(int experts) {
-  return ((experts + 1) * 4 + 15) / 16 * 16;
+  return ((experts + 1 + mj_wg_group_slots(experts)) * 4 + 15) / 16 * 16;
 }
 
 // The CTA shape of the wgmma kernel for a spec tile TM x TN x TK, STAGES.
@@ -255,7 +260,8 @@ template <int N> __device__ __forceinline__ void mj_setmaxnreg_dec() {
 // [kTM][64], kStages B tiles [kTN][64] (each row 128 swizzled bytes), the
 // consumer warps' epilogue staging buffers (kWgEpiWarpBytes each, warp w of
 // consumer c at c * 4 + w), then full[kStages] and empty[kStages] mbarriers
-// (8 bytes each), then the tile table (int [EXPERTS + 1]).
+// (8 bytes each), then the tile table (int [EXPERTS + 1], then the group
+// starts: mj_wg_table_bytes).
 template <class S> struct mj_wg_smem {
   unsigned a, b, full, empty, order, table;
   __device__ explicit mj_wg_smem(unsigned raw) {
@@ -276,12 +282,61 @@ template <class S> struct mj_wg_smem {
 // Work items are (M-tile, n-tile) pairs over the M-tiles of all experts:
 // expert e owns ceil(rows_e / TM) M-tiles, numbered from table[e] (table[E]
 // is their total), so no CTA waits on an empty slot. CTA b takes items b,
-// b + gridDim.x, ...; items come in groups of kWgGroupM M-tiles, and inside a
-// group raster 0 walks the M-tiles fastest (the CTAs running at once share
-// weight tiles), raster 1 the n-tiles (they share activation tiles). Both
-// keep what runs at once inside a few experts' weights and a few hundred
-// activation rows, which L2 holds.
+// b + gridDim.x, ...; items come in groups of about kWgGroupM M-tiles, and
+// inside a group raster 0 walks the M-tiles fastest (the CTAs running at
+// once share weight tiles), raster 1 the n-tiles (they share activation
+// tiles). Both keep what runs at once inside a few experts' weights and a
+// few hundred activation rows, which L2 holds. A group does not split an
+// expert of fewer M-tiles than a group (mj_wg_group_start): the M-tiles of
+// an expert split between two groups would read its weights from DRAM
+// twice, a group's worth of items apart.
 enum : int { kWgGroupM = 8 };
+
+// Start of group k in M-tiles (table units). Nominally k * kWgGroupM; moved
+// back to the first M-tile of the expert that holds that M-tile when the
+// expert has fewer M-tiles than a group, so they stay in one group. (Such an
+// expert starts after (k - 1) * kWgGroupM.) Experts of a group's M-tiles or
+// more are split at the nominal boundaries, as before: their weights are
+// read once a group whichever way they are cut. So group k starts in
+// ((k - 1) * kWgGroupM, k * kWgGroupM] (0 for k = 0; the total past it) and
+// holds 0 to 2 * kWgGroupM - 1 M-tiles.
+template <int EXPERTS>
+__device__ __forceinline__ int mj_wg_group_start(const int *table, int k) {
+  const int m = k * kWgGroupM, total = table[EXPERTS];
+  if (k <= 0) return 0;
+  if (m >= total) return total;
+  int lo = 0, hi = EXPERTS;  // table[lo] <= m < table[lo + 1]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (table[mid] <= m)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return table[lo + 1] - table[lo] < kWgGroupM ? table[lo] : m;
+}
+
+// The starts of groups 0 .. mj_wg_group_slots(E) - 1 after the table (the
+// block syncs before and after; every thread calls it), so that a tile's
+// group is a few shared loads away, not binary searches on the consumers'
+// path between tiles (they cost GEMM 1 4% at T = 16384). Groups past those
+// (more than (2E + 1) * kWgGroupM M-tiles: many rows on few experts, whose
+// experts are then mostly larger than a group anyway) keep their nominal
+// starts, which still partition the M-tiles: start(k) stays in
+// ((k - 1) * kWgGroupM, k * kWgGroupM].
+template <int EXPERTS>
+__device__ __forceinline__ void mj_wg_build_groups(int *table) {
+#pragma unroll 1
+  for (int k = threadIdx.x; k < mj_wg_group_slots(EXPERTS); k += blockDim.x)
+    table[EXPERTS + 1 + k] = mj_wg_group_start<EXPERTS>(table, k);
+}
+
+template <int EXPERTS>
+__device__ __forceinline__ int mj_wg_group(const int *table, int k) {
+  const int nominal = k * kWgGroupM, total = table[EXPERTS];
+  return k < mj_wg_group_slots(EXPERTS) ? table[EXPERTS + 1 + k]
+                                        : (nominal < total ? nominal : total);
+}
 
 // Fills table[0..E] from the expert offsets (clamped, as mj_gemm_find_tile
 // reads them). Called by one whole warp; the block syncs before reading it.
@@ -321,11 +376,15 @@ __device__ __forceinline__ void mj_wg_build_table(int *table, const int *offsets
 template <int TM, int CM, int EXPERTS, int RASTER>
 __device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *offsets,
                                                    int max_rows, int n_tiles, int w, int rank) {
-  const int total_m = table[EXPERTS];
-  const int per_group = kWgGroupM * n_tiles;
-  const int group = w / per_group, within = w - group * per_group;
-  const int m_base = group * kWgGroupM;
-  const int rows = total_m - m_base < kWgGroupM ? total_m - m_base : kWgGroupM;
+  // Group g holds items [start(g) * n_tiles, start(g + 1) * n_tiles); with
+  // q = (w / n_tiles) / kWgGroupM, start(q) <= w / n_tiles < start(q + 2),
+  // so w's group is q or q + 1.
+  const int mt0 = w / n_tiles, q = mt0 / kWgGroupM;
+  const int g0 = mj_wg_group<EXPERTS>(table, q), g1 = mj_wg_group<EXPERTS>(table, q + 1),
+            g2 = mj_wg_group<EXPERTS>(table, q + 2);
+  const bool upper = mt0 >= g1;
+  const int m_base = upper ? g1 : g0, m_end = upper ? g2 : g1;
+  const int rows = m_end - m_base, within = w - m_base * n_tiles;
   mj_gemm_tile t;
   int mt;
   if (RASTER == 0) {
@@ -791,6 +850,8 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
+  __syncthreads();
+  mj_wg_build_groups<EXPERTS>(table);
   __syncthreads();
   const unsigned rank = CM == 1 ? 0u : mj_cluster_rank();
   const int first = CM == 1 ? (int)blockIdx.x : (int)mj_cluster_id();

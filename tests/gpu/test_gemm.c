@@ -420,6 +420,47 @@ static void keep_cfg(moejit_gemm_cfg *g) {
   (void)g;
 }
 
+/* The persistent schedule's groups of about 8 M-tiles keep an expert of
+ * fewer M-tiles whole (its start moves back) and cut larger ones at
+ * multiples of 8; only the first 2E + 2 groups are kept in shared memory,
+ * later ones keep their nominal starts. Every tile must still be computed
+ * once, along M and along N. 16 experts of 128-row M-tiles 3,3,3,3,5,1,2,
+ * 7,0,4,6,3,9,1,2,3 put small experts across the nominal starts 8, 16, 24
+ * and 32 and a 9-tile expert across 40 and 48; 3 experts of 64-row M-tiles
+ * 63, 5, 11 have 10 groups, so the 5-tile expert is cut at 64, the start
+ * of group 8, past the 8 kept ones. Rows are not tile multiples. */
+Test(gemm, wgmma_groups_keep_small_experts_whole) {
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
+  static const int32_t many[16] = {300, 257, 384, 290, 600,  1,   200, 850,
+                                   0,   500, 700, 270, 1100, 128, 129, 330};
+  static const int32_t few[3] = {4000, 300, 700};
+  const struct {
+    int experts;
+    const int32_t *counts;
+    moejit_gemm_cfg tile;
+  } cases[] = {{16, many, cfg(128, 128, 64, 4, 8, 0)},
+               {16, many, cfg(128, 128, 64, 4, 8, 1)},
+               {3, few, cfg(64, 128, 64, 4, 8, 0)},
+               {3, few, cfg(64, 128, 64, 4, 8, 1)}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    moejit_spec s = make_spec(520, 328, cases[i].experts, MOEJIT_DTYPE_BF16, cases[i].tile);
+    for (int which = 1; which <= 2; which++) {
+      gemm_case c = {ctx,
+                     &s,
+                     which,
+                     MOEJIT_GEMM_PATH_WGMMA,
+                     cases[i].counts,
+                     5,
+                     which == 2,
+                     tol_of(s.act_dtype),
+                     NULL};
+      double err = run_case(&c);
+      cr_expect(err <= c.tolerance, "case %d: gemm%d: rel error %.3g", (int)i, which, err);
+    }
+  }
+  moejit_ctx_destroy(ctx);
+}
+
 /* Cooperative 256-row tiles multiply and load only the m64 blocks holding
  * rows of the tile's expert: last M-tiles of 1 and 64 rows (consumer 0 on
  * one block, consumer 1 without rows), 129 and 192 (consumer 1 on one
@@ -841,7 +882,8 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(p.m_slots, 1000 / 64 + 128);
   cr_assert_eq(p.grid, (unsigned)(p.m_slots * 6));
   cr_assert_eq(p.wg_stages, 4);
-  cr_assert_eq(p.smem_bytes, 1024u + 4u * ((64 + 256) * 128 + 16) + 528u); /* + table [129] */
+  cr_assert_eq(p.smem_bytes, 1024u + 4u * ((64 + 256) * 128 + 16) + 1552u);
+  /* + table [129] and 258 group starts, 16-byte rounded */
   cr_assert_eq(p.wg_box_a_rows, 64);
   cr_assert_eq(p.wg_box_w_rows, 128); /* gate half, then up half */
   cr_assert_eq(p.w_rows, 128LL * 2 * 768);
@@ -856,7 +898,7 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
   cr_assert_eq(p.n_tiles, 768 / 64);
   cr_assert_eq(p.wg_stages, 8);
-  cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 128) * 128 + 16) + 528u);
+  cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 128) * 128 + 16) + 1552u);
   cr_assert_eq(p.wg_box_w_rows, 64);
   /* other archs: mma.sync on the 64-row decode tile (GEMM 2's: 64x128) */
   cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_AUTO, 8, "sm_80", &p), MOEJIT_OK);
@@ -883,7 +925,7 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(p.wg_box_w_rows, 128);
   /* GEMM 2 adds each consumer warp's epilogue staging (16 rows of 144 bytes) */
   cr_assert_eq(p.wg_stages, 4);
-  cr_assert_eq(p.smem_bytes, 1024u + 4u * ((128 + 128) * 128 + 16) + 8u * 16 * 144 + 528u);
+  cr_assert_eq(p.smem_bytes, 1024u + 4u * ((128 + 128) * 128 + 16) + 8u * 16 * 144 + 1552u);
   /* tile_k 32 with 3 stages is 1.5 64-wide k-tiles: 2 stages */
   s.gemm2 = cfg(16, 64, 32, 3, 4, 0);
   setenv("MOEJIT_GEMM_WGMMA_NARROW", "0", 1);
