@@ -26,6 +26,9 @@
 /* kWgEpiWarpBytes: the epilogue staging buffer of one consumer warp (16
  * rows of 144 bytes) */
 #define MJ_WG_EPI_WARP_BYTES (16 * 144)
+/* mj_wg_group_slots: the group starts the scheduler keeps beside its tile
+ * table */
+#define MJ_WG_GROUP_SLOTS(experts) (2 * (experts) + 2)
 #define MJ_WG_NARROW_CTAS 264
 #define MJ_WG_NARROW_TM 64
 #define MJ_WG_NARROW_TN 128
@@ -242,10 +245,10 @@ static void fill_mma_plan(const moejit_spec *spec, const moejit_gemm_cfg *g, int
 }
 
 /* mj_wg_stages: stages * tile_k in 64-wide k-tiles, 2..16, within budget
- * beside the tile table (mj_wg_table_bytes: int [E + 1] and 2E + 2 group
+ * beside the tile table (mj_wg_table_bytes: int [E + 1] and the group
  * starts, 16-byte rounded). */
 static int wg_table_bytes(int experts) {
-  return ((experts + 1 + 2 * experts + 2) * 4 + 15) / 16 * 16;
+  return ((experts + 1 + MJ_WG_GROUP_SLOTS(experts)) * 4 + 15) / 16 * 16;
 }
 
 static int wg_stages(int want, int stage_bytes, int extra) {
