@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "moejit/gemm.h"
 #include "moejit/moejit.h"
@@ -69,6 +70,7 @@ static peers *g_peers; /* NULL: every peer is n/a for the reason in g_peers_why 
 static char g_peers_why[PEER_WHY_MAX];
 static int g_n_sets_max, g_iters; /* for the footer */
 static int g_rounds = 3;          /* --rounds */
+static double g_heat_ms = 0;      /* --heat-ms */
 
 /* Tuned gemm1 rows that gathered (read x in place): each checked once against the copied
  * run of the same tile on the same set, which must match bit for bit (docs/gemm.md,
@@ -186,9 +188,36 @@ typedef struct io_set {
 /* One launch of what is timed, on input set `set`: 0, or -1 with why. */
 typedef int (*launch_fn)(void *state, int set, char *why);
 
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Runs `launch` back to back for g_heat_ms of wall time (in batches of 8,
+ * the stream drained after each; 0 ms: nothing), so that each contestant
+ * is timed in the clock and power state its own sustained load sets, as in
+ * a model's forward, rather than in the one the contestant before it left:
+ * an H100 under a GEMM's load holds its power cap by lowering its clocks
+ * (1.1-1.6 GHz against 1.98 at rest, measured), with a lag of tens of ms
+ * (docs/gemm.md, "Sustained load"). 0 on success. */
+static int heat(moejit_ctx *ctx, launch_fn launch, void *state, int n_sets, moejit_stream stream,
+                char *why) {
+  const double t0 = now_ms();
+  for (int i = 0; now_ms() - t0 < g_heat_ms;) {
+    for (int b = 0; b < 8; b++, i++)
+      if (launch(state, i % n_sets, why)) return -1;
+    if (moejit_stream_synchronize(ctx, stream) != MOEJIT_OK) {
+      snprintf(why, PEER_WHY_MAX, "%s", moejit_last_error());
+      return -1;
+    }
+  }
+  return 0;
+}
+
 /* Median µs of `iters` back-to-back launches, each between its own pair of
- * events, after WARMUP launches; launch i uses set (i + WARMUP) % n_sets.
- * NAN with why on failure (the stream drained first). */
+ * events, after heat() and WARMUP launches; launch i uses set (i + WARMUP)
+ * % n_sets. NAN with why on failure (the stream drained first). */
 static double time_launches(moejit_ctx *ctx, launch_fn launch, void *state, int n_sets, int iters,
                             moejit_stream stream, char *why) {
   moejit_event ev[257];
@@ -197,6 +226,7 @@ static double time_launches(moejit_ctx *ctx, launch_fn launch, void *state, int 
   int made = 0, failed = 0;
   moejit_status st = MOEJIT_OK;
   while (made <= iters && (st = moejit_event_create(ctx, &ev[made])) == MOEJIT_OK) made++;
+  if (st == MOEJIT_OK) failed = heat(ctx, launch, state, n_sets, stream, why) != 0;
   for (int i = -WARMUP; i < iters && st == MOEJIT_OK && !failed; i++) {
     if (i == 0) st = moejit_event_record(ctx, ev[0], stream);
     if (st == MOEJIT_OK) failed = launch(state, (i + WARMUP) % n_sets, why) != 0;
@@ -811,12 +841,13 @@ static void print_footer(int fallbacks, int met, int gathered) {
          "#   best peer), dense (T*k >= %d and TFLOP/s < %.0f%% of dense). %d of %d rows ok.\n",
          TARGET_FLOOR, TARGET_DENSE_ROWS, 100 * TARGET_DENSE, met, g_n_points);
   printf(
-      "# timing: median of %d launches, each between its own events, after %d warm-ups, in\n"
+      "# timing: median of %d launches, each between its own events, after %.0f ms of the\n"
+      "#   same launches (--heat-ms) and %d warm-ups, in\n"
       "#   each of %d rounds that time ours and every peer in turn (who goes first changes\n"
       "#   every round); a time is the median of its rounds. Inputs rotate over\n"
       "#   routing/buffer sets until a pass touches %.0f MB (here up to %d sets); each peer\n"
       "#   runs once on every set before (cuBLAS loads kernels per shape).\n",
-      g_iters, WARMUP, g_rounds, ROTATE_BYTES / 1e6, g_n_sets_max);
+      g_iters, g_heat_ms, WARMUP, g_rounds, ROTATE_BYTES / 1e6, g_n_sets_max);
   if (gathered)
     printf(
         "# path tuned*: gemm1 as the layer's forward runs it at that T (%d rows): reading x\n"
@@ -1030,7 +1061,8 @@ static void usage(void) {
   printf(
       "usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)] "
       "[--rounds N]\n"
-      "                         [--path auto|mma|wgmma|gemv|tuned|both|compare] [--csv FILE] "
+      "                         [--heat-ms MS] [--path auto|mma|wgmma|gemv|tuned|both|compare]\n"
+      "                         [--csv FILE] "
       "[--smoke]\n"
       "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] "
       "[--gemm2 ...]\n"
@@ -1038,10 +1070,12 @@ static void usage(void) {
       "  0 the preset's; SCHEDULE 0 cooperative, 1 pingpong, -1 the preset's)\n"
       "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
       "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
-      "uniform top-k routing: median of N launches after 3 warm-ups, beside cuBLAS peers\n"
-      "timed the same way in the same run: dense (one cublasGemmEx of equal FLOPs, which\n"
-      "sets the floor), loop (cublasGemmEx per expert) and grouped\n"
-      "(cublasGemmGroupedBatchedEx). --rounds N (default 3, 1..9) times ours and each peer\n"
+      "uniform top-k routing: median of N launches after MS ms of the same launches\n"
+      "(--heat-ms, default 0; 100 lets the clocks settle under that load, as in a model)\n"
+      "and 3 warm-ups, beside cuBLAS peers timed the same way in the same run: dense (one\n"
+      "cublasGemmEx of equal FLOPs, which sets the floor), loop (cublasGemmEx per expert)\n"
+      "and grouped (cublasGemmGroupedBatchedEx).\n"
+      "--rounds N (default 3, 1..9) times ours and each peer\n"
       "in turn N times, who goes first changing every round, and keeps the median.\n"
       "Floor = max(FLOPs / dense TFLOP/s, bytes / 3.0 TB/s), bytes = active experts'\n"
       "weights + A + C. Prints one table with the targets each row meets or misses\n"
@@ -1077,6 +1111,12 @@ int main(int argc, char **argv) {
       g_rounds = atoi(argv[++i]);
       if (g_rounds < 1 || g_rounds > MAX_ROUNDS) {
         fprintf(stderr, "moejit_bench_gemm: --rounds: 1 to %d\n", MAX_ROUNDS);
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--heat-ms") && i + 1 < argc) {
+      g_heat_ms = atof(argv[++i]);
+      if (!(g_heat_ms >= 0 && g_heat_ms <= 10000)) {
+        fprintf(stderr, "moejit_bench_gemm: --heat-ms: 0 to 10000\n");
         return 2;
       }
     } else if (!strcmp(argv[i], "--path") && i + 1 < argc && parse_paths(argv[i + 1])) {
