@@ -1114,9 +1114,11 @@ int main(int argc, char **argv) {
         return 2;
       }
     } else if (!strcmp(argv[i], "--heat-ms") && i + 1 < argc) {
-      g_heat_ms = atof(argv[++i]);
-      if (!(g_heat_ms >= 0 && g_heat_ms <= 10000)) {
-        fprintf(stderr, "moejit_bench_gemm: --heat-ms: 0 to 10000\n");
+      const char *v = argv[++i];
+      char *end = NULL;
+      g_heat_ms = strtod(v, &end);
+      if (end == v || *end || !(g_heat_ms >= 0 && g_heat_ms <= 10000)) {
+        fprintf(stderr, "moejit_bench_gemm: --heat-ms '%s': a number of ms, 0 to 10000\n", v);
         return 2;
       }
     } else if (!strcmp(argv[i], "--path") && i + 1 < argc && parse_paths(argv[i + 1])) {

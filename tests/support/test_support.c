@@ -76,6 +76,11 @@ static char *slurp_fd(int fd) {
 }
 
 int ts_run_cli(const char *const *args, const char *const *env, char **out, char **err) {
+  return ts_run_program(MOEJIT_CLI_PATH, args, env, out, err);
+}
+
+int ts_run_program(const char *path, const char *const *args, const char *const *env, char **out,
+                   char **err) {
   char outp[] = "/tmp/moejit-cli-out-XXXXXX", errp[] = "/tmp/moejit-cli-err-XXXXXX";
   int ofd = mkstemp(outp), efd = mkstemp(errp);
   pid_t pid = fork();
@@ -87,10 +92,10 @@ int ts_run_cli(const char *const *args, const char *const *env, char **out, char
     for (const char *const *e = env; e && *e; e++) putenv((char *)*e);
     const char *argv[64];
     int n = 0;
-    argv[n++] = MOEJIT_CLI_PATH;
+    argv[n++] = path;
     for (const char *const *a = args; *a && n < 63; a++) argv[n++] = *a;
     argv[n] = NULL;
-    execv(MOEJIT_CLI_PATH, (char *const *)argv);
+    execv(path, (char *const *)argv);
     _exit(127);
   }
   int status = 0;

@@ -20,6 +20,9 @@ int ts_count_files(const char *dir, const char *needle);
  * stdout and stderr (malloc'd, NUL-terminated; pass NULL to discard).
  * Returns the exit code, or -1 if it did not exit normally. */
 int ts_run_cli(const char *const *args, const char *const *env, char **out, char **err);
+/* The same for the program at `path`. */
+int ts_run_program(const char *path, const char *const *args, const char *const *env, char **out,
+                   char **err);
 
 /* Writes `text` to dir/name; returns the malloc'd full path. */
 char *ts_write_file(const char *dir, const char *name, const char *text);
