@@ -10,11 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "moejit/gemm.h"
 #include "moejit/moejit.h"
 
+#include "bench_clock.h"
 #include "bench_gemm_peers.h"
 
 #define PEAK_FLOPS 750e12 /* the floor's rate where dense cuBLAS could not run */
@@ -188,12 +188,6 @@ typedef struct io_set {
 /* One launch of what is timed, on input set `set`: 0, or -1 with why. */
 typedef int (*launch_fn)(void *state, int set, char *why);
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Runs `launch` back to back for g_heat_ms of wall time (in batches of 8,
  * the stream drained after each; 0 ms: nothing), so that each contestant
  * is timed in the clock and power state its own sustained load sets, as in
@@ -203,8 +197,8 @@ static double now_ms(void) {
  * (docs/gemm.md, "Sustained load"). 0 on success. */
 static int heat(moejit_ctx *ctx, launch_fn launch, void *state, int n_sets, moejit_stream stream,
                 char *why) {
-  const double t0 = now_ms();
-  for (int i = 0; now_ms() - t0 < g_heat_ms;) {
+  const double t0 = bench_now_ms();
+  for (int i = 0; bench_now_ms() - t0 < g_heat_ms;) {
     for (int b = 0; b < 8; b++, i++)
       if (launch(state, i % n_sets, why)) return -1;
     if (moejit_stream_synchronize(ctx, stream) != MOEJIT_OK) {
@@ -842,11 +836,11 @@ static void print_footer(int fallbacks, int met, int gathered) {
          TARGET_FLOOR, TARGET_DENSE_ROWS, 100 * TARGET_DENSE, met, g_n_points);
   printf(
       "# timing: median of %d launches, each between its own events, after %.0f ms of the\n"
-      "#   same launches (--heat-ms) and %d warm-ups, in\n"
-      "#   each of %d rounds that time ours and every peer in turn (who goes first changes\n"
-      "#   every round); a time is the median of its rounds. Inputs rotate over\n"
-      "#   routing/buffer sets until a pass touches %.0f MB (here up to %d sets); each peer\n"
-      "#   runs once on every set before (cuBLAS loads kernels per shape).\n",
+      "#   same launches (--heat-ms) and %d warm-ups, in each of %d rounds that time ours\n"
+      "#   and every peer in turn (who goes first changes every round); a time is the\n"
+      "#   median of its rounds. Inputs rotate over routing/buffer sets until a pass\n"
+      "#   touches %.0f MB (here up to %d sets); each peer runs once on every set before\n"
+      "#   (cuBLAS loads kernels per shape).\n",
       g_iters, g_heat_ms, WARMUP, g_rounds, ROTATE_BYTES / 1e6, g_n_sets_max);
   if (gathered)
     printf(
@@ -1074,9 +1068,9 @@ static void usage(void) {
       "(--heat-ms, default 0; 100 lets the clocks settle under that load, as in a model)\n"
       "and 3 warm-ups, beside cuBLAS peers timed the same way in the same run: dense (one\n"
       "cublasGemmEx of equal FLOPs, which sets the floor), loop (cublasGemmEx per expert)\n"
-      "and grouped (cublasGemmGroupedBatchedEx).\n"
-      "--rounds N (default 3, 1..9) times ours and each peer\n"
-      "in turn N times, who goes first changing every round, and keeps the median.\n"
+      "and grouped (cublasGemmGroupedBatchedEx). --rounds N (default 3, 1..9) times ours\n"
+      "and each peer in turn N times, who goes first changing every round, and keeps the\n"
+      "median.\n"
       "Floor = max(FLOPs / dense TFLOP/s, bytes / 3.0 TB/s), bytes = active experts'\n"
       "weights + A + C. Prints one table with the targets each row meets or misses\n"
       "(docs/gemm.md); --csv FILE writes the same rows.\n"

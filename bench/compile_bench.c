@@ -4,10 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "moejit/moejit.h"
+
+#include "bench_clock.h"
 
 #define MAX_PRESETS 32
 #define MAX_KERNELS 8
@@ -24,12 +25,6 @@ typedef struct preset_result {
   char kernel[MAX_KERNELS][MOEJIT_NAME_MAX];
   double serial_ms, parallel_ms; /* best wall time for the whole preset */
 } preset_result;
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -76,9 +71,9 @@ static int compile_once(const bench_args *a, const moejit_spec *spec, int jobs,
   o.template_dir = a->template_dir;
   moejit_compiler *c = NULL;
   if (moejit_compiler_create(&c, &o) != MOEJIT_OK) return -1;
-  double t0 = now_ms();
+  double t0 = bench_now_ms();
   moejit_status st = moejit_compile(c, spec, a->arch, r, MAX_KERNELS, n);
-  *ms = now_ms() - t0;
+  *ms = bench_now_ms() - t0;
   if (st) fprintf(stderr, "moejit_bench_compile: %s: %s\n", spec->name, moejit_last_error());
   moejit_compiler_destroy(c);
   return st ? -1 : 0;

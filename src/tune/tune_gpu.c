@@ -48,8 +48,9 @@ typedef struct gpu {
    * gathers with (mj_gemm1_plan_gathers) reads x through `index` [rows],
    * align's sorted_slot for set 0's routing (mj_tune_sorted_slots): each
    * expert's rows read x scattered as routing scatters them, A row r the x
-   * row x_row[r], checked against ref_gather, the reference of those rows. The others read A and
-   * are charged copy_us, the time to write A (align's permuted copy). */
+   * row x_row[r], checked against ref_gather, the reference of those rows.
+   * The others read A and are charged copy_us, the time to write A
+   * (align's permuted copy). */
   int64_t period; /* 0: GEMM 2 */
   void *index;
   int32_t *x_row;     /* host [rows] */

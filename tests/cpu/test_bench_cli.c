@@ -20,6 +20,15 @@ static void need(const char *path) {
   if (access(path, X_OK) != 0) cr_skip_test("%s is not built (MOEJIT_BUILD_BENCH=OFF)", path);
 }
 
+/* The no-GPU tests: `path` built and no GPU, else skipped (with a GPU the
+ * program would run `what`). */
+static void need_no_gpu(const char *path, const char *what) {
+  need(path);
+  char reason[512];
+  if (ts_gpu_available(reason, sizeof reason))
+    cr_skip_test("a GPU is present: %s would run %s (the no-GPU path is for CI)", path, what);
+}
+
 Test(bench_cli, gemm_help_names_its_options) {
   need(BENCH_GEMM);
   char *out = NULL;
@@ -90,10 +99,7 @@ Test(bench_cli, gemm_smoke_checks_its_tiles_or_says_there_is_no_gpu, .timeout = 
  * every argument accepted (so a script's command line is checked on a
  * build box too). */
 Test(bench_cli, gemm_without_a_gpu_says_so_and_measures_nothing) {
-  need(BENCH_GEMM);
-  char reason[512];
-  if (ts_gpu_available(reason, sizeof reason))
-    cr_skip_test("a GPU is present: the benchmark would run (the no-GPU path is for CI)");
+  need_no_gpu(BENCH_GEMM, "the benchmark");
   char *out = NULL, *err = NULL;
   const int rc = RUN(BENCH_GEMM, &out, &err, "--preset", "qwen3-30b-a3b", "--tokens", "1,32",
                      "--heat-ms", "5", "--rounds", "1", "--path", "tuned");
@@ -107,10 +113,7 @@ Test(bench_cli, gemm_without_a_gpu_says_so_and_measures_nothing) {
 /* moejit_bench_ops exits 77 (the usual "skipped") without a GPU, naming
  * what is missing. */
 Test(bench_cli, ops_without_a_gpu_exits_77_and_says_why) {
-  need(BENCH_OPS);
-  char reason[512];
-  if (ts_gpu_available(reason, sizeof reason))
-    cr_skip_test("a GPU is present: moejit_bench_ops would run its T = 16384 points");
+  need_no_gpu(BENCH_OPS, "its T = 16384 points");
   char *out = NULL, *err = NULL;
   const int rc = RUN(BENCH_OPS, &out, &err, "qwen3-30b-a3b");
   cr_expect_eq(rc, 77, "exit %d:\n%s%s", rc, out, err);
