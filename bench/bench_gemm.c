@@ -712,23 +712,27 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const moejit_mode
  * (tile sweeps); tile_m 0 = keep the preset's. */
 static moejit_gemm_cfg g_override[2];
 
-/* M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]] (raster 0: along M, 1:
- * along N, -1 keeps the spec's; cluster_m 1 or 2, 0 keeps the spec's;
- * schedule 0 cooperative, 1 pingpong, -1 keeps the spec's) */
+/* M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE[,CLUSTER_N]]]] (raster 0:
+ * along M, 1: along N, -1 keeps the spec's; cluster_m and cluster_n 1 or 2,
+ * 0 keeps the spec's; schedule 0 cooperative, 1 pingpong, -1 keeps the
+ * spec's) */
 static int g_raster[2] = {-1, -1}, g_cluster[2] = {0, 0}, g_schedule[2] = {-1, -1};
+static int g_cluster_n[2] = {0, 0};
 
 static int parse_tile(const char *text, moejit_gemm_cfg *g, int *raster, int *cluster,
-                      int *schedule) {
-  int n = sscanf(text, "%d,%d,%d,%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
-                 &g->warps, raster, cluster, schedule);
-  return n >= 5 && n <= 8 && *raster >= -1 && *raster <= 1 && *cluster >= 0 && *cluster <= 2 &&
-         *schedule >= -1 && *schedule <= MOEJIT_SCHEDULE_PINGPONG;
+                      int *schedule, int *cluster_n) {
+  int n = sscanf(text, "%d,%d,%d,%d,%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
+                 &g->warps, raster, cluster, schedule, cluster_n);
+  return n >= 5 && n <= 9 && *raster >= -1 && *raster <= 1 && *cluster >= 0 && *cluster <= 2 &&
+         *schedule >= -1 && *schedule <= MOEJIT_SCHEDULE_PINGPONG && *cluster_n >= 0 &&
+         *cluster_n <= 2;
 }
 
-static void apply_override(moejit_gemm_cfg *dst, const moejit_gemm_cfg *o, int raster,
-                           int cluster, int schedule) {
+static void apply_override(moejit_gemm_cfg *dst, const moejit_gemm_cfg *o, int raster, int cluster,
+                           int schedule, int cluster_n) {
   if (raster >= 0) dst->raster = (moejit_raster)raster;
   if (cluster > 0) dst->cluster_m = cluster;
+  if (cluster_n > 0) dst->cluster_n = cluster_n;
   if (schedule >= 0) dst->schedule = (moejit_gemm_schedule)schedule;
   if (!o->tile_m) return;
   dst->tile_m = o->tile_m, dst->tile_n = o->tile_n, dst->tile_k = o->tile_k;
@@ -739,8 +743,10 @@ static void bench_preset(moejit_ctx *ctx, const char *name, const int64_t *token
                          int iters, moejit_stream stream) {
   moejit_spec s;
   CHECK(moejit_spec_load_preset(name, &s));
-  apply_override(&s.gemm1, &g_override[0], g_raster[0], g_cluster[0], g_schedule[0]);
-  apply_override(&s.gemm2, &g_override[1], g_raster[1], g_cluster[1], g_schedule[1]);
+  apply_override(&s.gemm1, &g_override[0], g_raster[0], g_cluster[0], g_schedule[0],
+                 g_cluster_n[0]);
+  apply_override(&s.gemm2, &g_override[1], g_raster[1], g_cluster[1], g_schedule[1],
+                 g_cluster_n[1]);
   if (moejit_spec_validate(&s) != MOEJIT_OK) {
     printf("# %s: tile override rejected: %s\n", name, moejit_last_error());
     return;
@@ -1058,10 +1064,12 @@ static void usage(void) {
       "                         [--heat-ms MS] [--path auto|mma|wgmma|gemv|tuned|both|compare]\n"
       "                         [--csv FILE] "
       "[--smoke]\n"
-      "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE]]]] "
-      "[--gemm2 ...]\n"
-      "  (tile overrides: RASTER 0 along M, 1 along N, -1 the preset's; CLUSTER_M 1 or 2,\n"
-      "  0 the preset's; SCHEDULE 0 cooperative, 1 pingpong, -1 the preset's)\n"
+      "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE"
+      "[,CLUSTER_N]]]]]\n"
+      "                         [--gemm2 ...]\n"
+      "  (tile overrides: RASTER 0 along M, 1 along N, -1 the preset's; CLUSTER_M and\n"
+      "  CLUSTER_N 1 or 2, 0 the preset's; SCHEDULE 0 cooperative, 1 pingpong, -1 the\n"
+      "  preset's)\n"
       "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
       "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
       "uniform top-k routing: median of N launches after MS ms of the same launches\n"
@@ -1119,7 +1127,8 @@ int main(int argc, char **argv) {
       i++;
     } else if ((!strcmp(argv[i], "--gemm1") || !strcmp(argv[i], "--gemm2")) && i + 1 < argc &&
                parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'], &g_raster[argv[i][6] - '1'],
-                          &g_cluster[argv[i][6] - '1'], &g_schedule[argv[i][6] - '1'])) {
+                          &g_cluster[argv[i][6] - '1'], &g_schedule[argv[i][6] - '1'],
+                          &g_cluster_n[argv[i][6] - '1'])) {
       i++;
     } else if (!strcmp(argv[i], "--csv") && i + 1 < argc) {
       csv_path = argv[++i];

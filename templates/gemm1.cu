@@ -263,19 +263,19 @@ typedef mj_wg_narrow<kExperts> Gemm1WgNarrow;
 // gather (kGather): A rows from x by index (common/gemm_wgmma.cuh,
 // mj_wg_produce_gather) instead of the TMA map ta of a permuted copy.
 // sync: rounds in step (common/gemm_wgmma.cuh, mj_wg_round), or NULL.
-template <class S, int CM, bool kGather = false, class Gather = int>
+template <class S, int CM, bool kGather = false, class Gather = int, int CN = 1>
 __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw,
                                                act_t *__restrict__ h,
                                                const int *__restrict__ offsets, int max_rows,
                                                const Gather *gather = nullptr,
                                                unsigned *sync = nullptr) {
 #if MJ_WGMMA_AVAILABLE
-  if constexpr (!kG1Mma || !S::kFits) {
-    __trap(); // the host launches another entry for these dtypes/tiles
+  constexpr int kHalf = S::kTN / 2;  // h columns per n-tile
+  constexpr int kNTiles = (kExpertWidth + kHalf - 1) / kHalf;
+  if constexpr (!kG1Mma || !S::kFits || (CN == 2 && kNTiles % 2 != 0)) {
+    __trap();  // the host launches another entry (or, pairs along N: rejects the spec)
   } else {
     mj_wg_check_smem<S>();
-    constexpr int kHalf = S::kTN / 2; // h columns per n-tile
-    constexpr int kNTiles = (kExpertWidth + kHalf - 1) / kHalf;
     // B rows of a tile: its gate rows in W1 [E*2f, d], and the up rows f further
     const auto w_rows = [](const mj_gemm_tile &t, int *gate, int *up) {
       *gate = t.expert * 2 * kExpertWidth + t.n_tile * kHalf;
@@ -309,8 +309,8 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
       mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM, decltype(w_rows), decltype(epi), true>(
           ta, tw, offsets, max_rows, kNTiles, w_rows, epi, gather);
     else
-      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM>(ta, tw, offsets, max_rows, kNTiles,
-                                                                 w_rows, epi, nullptr, sync);
+      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM, decltype(w_rows), decltype(epi),
+                 false, CN>(ta, tw, offsets, max_rows, kNTiles, w_rows, epi, nullptr, sync);
   }
 #else
   __trap(); // not an sm_90a build
@@ -323,8 +323,8 @@ extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_clust
                               const __grid_constant__ mj_tmap tmap_w, act_t *__restrict__ h,
                               const int *__restrict__ offsets, int max_rows,
                               unsigned *__restrict__ round_sync) {
-  mj_gemm1_wgmma<Gemm1Wg, kWgCluster>(&tmap_a, &tmap_w, h, offsets, max_rows,
-                                      static_cast<const int *>(nullptr), round_sync);
+  mj_gemm1_wgmma<Gemm1Wg, kWgCluster, false, int, kWgClusterN>(
+      &tmap_a, &tmap_w, h, offsets, max_rows, static_cast<const int *>(nullptr), round_sync);
 }
 #endif
 
@@ -337,8 +337,12 @@ moejit_gemm1_swiglu_wgmma_gather(const __grid_constant__ mj_tmap tmap_w, const a
                                  const int *__restrict__ a_index, int a_div, int x_rows, act_t *__restrict__ h,
                                  const int *__restrict__ offsets, int max_rows) {
 #if MJ_WGMMA_AVAILABLE
-  const mj_wg_gather_src<act_t> g = {x, a_index, a_div, x_rows};
-  mj_gemm1_wgmma<Gemm1Wg, kWgCluster, true>(nullptr, &tmap_w, h, offsets, max_rows, &g);
+  if constexpr (kWgClusterN == 2) {
+    __trap();  // pairs along N share A by TMA multicast; the host copies A (moejit_gemm1_swiglu)
+  } else {
+    const mj_wg_gather_src<act_t> g = {x, a_index, a_div, x_rows};
+    mj_gemm1_wgmma<Gemm1Wg, kWgCluster, true>(nullptr, &tmap_w, h, offsets, max_rows, &g);
+  }
 #else
   __trap(); // not an sm_90a build
 #endif

@@ -261,22 +261,22 @@ moejit_layer_decode_gemm2(const act_t *__restrict__ h, const weight_t *__restric
 typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts, kSchedule, 1> Gemm2Wg;
 typedef mj_wg_narrow<kExperts, 1> Gemm2WgNarrow;
 
-template <class S, int CM>
-__device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw, act_t *__restrict__ y,
-                                               const int *__restrict__ offsets, const float *__restrict__ scale,
-                                               int max_rows) {
+template <class S, int CM, int CN = 1>
+__device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw,
+                                               act_t *__restrict__ y,
+                                               const int *__restrict__ offsets,
+                                               const float *__restrict__ scale, int max_rows) {
 #if MJ_WGMMA_AVAILABLE
-  if constexpr (!kG2Mma || !S::kFits) {
-    __trap(); // the host launches another entry for these dtypes/tiles
+  constexpr int kNTiles = (kHidden + S::kTN - 1) / S::kTN;
+  if constexpr (!kG2Mma || !S::kFits || (CN == 2 && kNTiles % 2 != 0)) {
+    __trap();  // the host launches another entry (or, pairs along N: rejects the spec)
   } else {
     mj_wg_check_smem<S>();
-    constexpr int kNTiles = (kHidden + S::kTN - 1) / S::kTN;
     const auto w_rows = [](const mj_gemm_tile &t, int *row0, int *unused) {
       *row0 = t.expert * kHidden + t.n_tile * S::kTN; // in W2 [E*d, f]
       *unused = 0;
     };
-    mj_wg_gemm<S, act_t, kExpertWidth, false, kExperts, kRaster, CM>(
-        ta, tw, offsets, max_rows, kNTiles, w_rows,
+    const auto epi =
         [&](float(&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t, unsigned buf) {
           const bool keep = mj_keep_output<act_t>(max_rows, kHidden);
 #pragma unroll
@@ -297,7 +297,9 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
                 },
                 keep);
           }
-        });
+        };
+    mj_wg_gemm<S, act_t, kExpertWidth, false, kExperts, kRaster, CM, decltype(w_rows),
+               decltype(epi), false, CN>(ta, tw, offsets, max_rows, kNTiles, w_rows, epi);
   }
 #else
   __trap(); // not an sm_90a build
@@ -309,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(Gemm2Wg::kThreads, 1) __mj_wg_clust
 moejit_gemm2_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                    act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
                    int max_rows) {
-  mj_gemm2_wgmma<Gemm2Wg, kWgCluster>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
+  mj_gemm2_wgmma<Gemm2Wg, kWgCluster, kWgClusterN>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }
 #endif
 

@@ -154,13 +154,16 @@ typedef struct moejit_gemm_cfg {
   int tile_m, tile_n, tile_k; /* CTA tile */
   int stages;                 /* shared-memory pipeline depth, 2..8 */
   int warps;                  /* warps per CTA: 4, 8 or 12 */
-  int cluster_m, cluster_n;   /* thread-block cluster shape, 1 or 2 each */
+  int cluster_m, cluster_n;   /* thread-block cluster shape, 1 or 2 each, not both 2 (wgmma
+                                 path: CTA pairs along M share weight tiles, along N
+                                 activation tiles) */
   moejit_raster raster;
   moejit_gemm_schedule schedule; /* wgmma path only (0, cooperative, by default) */
 } moejit_gemm_cfg;
 
 /* A GEMM configuration as reports, the tuner and the CLI print it:
- * "128x256x64 s4 w8", then " along_n", " c2" (cluster_m 2) and the
+ * "128x256x64 s4 w8", then " along_n", " c2" (cluster_m 2) or " cn2"
+ * (cluster_n 2) and the
  * schedule's name (cooperative, the default, unnamed) where they apply.
  * Truncated to cap - 1 characters. */
 MOEJIT_API void moejit_gemm_cfg_text(const moejit_gemm_cfg *cfg, char *buf, size_t cap);

@@ -194,7 +194,8 @@ static void emit_gemm_constants(mj_buf *b, const moejit_gemm_cfg *g) {
                 "enum : int { kRaster = %d }; // 0 along_m, 1 along_n\n",
                 g->cluster_m, g->cluster_n, (int)g->raster);
   /* a macro too: kernel attributes (__cluster_dims__) are chosen by #if */
-  mj_buf_printf(b, "#define MJ_CLUSTER_M %d\n", g->cluster_m);
+  mj_buf_printf(b, "#define MJ_CLUSTER_M %d\n#define MJ_CLUSTER_N %d\n", g->cluster_m,
+                g->cluster_n);
   mj_buf_printf(b, "enum : int { kSchedule = %d }; // 0 cooperative, 1 pingpong\n",
                 (int)g->schedule);
 }

@@ -297,9 +297,32 @@ static moejit_status check_gemm_fields(const checker *c, mj_field b) {
   return MOEJIT_OK;
 }
 
-/* Thread-block clusters exist from sm_90 on. */
+/* Thread-block clusters exist from sm_90 on; a cluster is a CTA pair along
+ * M or along N, and a pair along N needs an even number of n-tiles (both
+ * CTAs of a pair take one M-tile and two consecutive n-tiles). */
 static moejit_status check_clusters(const checker *c, mj_field b, const char *gemm) {
-  if (val(c, b + MJ_GEMM_CLUSTER_M) == 1 && val(c, b + MJ_GEMM_CLUSTER_N) == 1) return MOEJIT_OK;
+  const int64_t cm = val(c, b + MJ_GEMM_CLUSTER_M), cn = val(c, b + MJ_GEMM_CLUSTER_N);
+  if (cm == 1 && cn == 1) return MOEJIT_OK;
+  if (cm == 2 && cn == 2)
+    return fail(c, gemm, INVOLVED(b + MJ_GEMM_CLUSTER_M, b + MJ_GEMM_CLUSTER_N),
+                "a 2x2 thread-block cluster is not supported (allowed: cluster_m = 2 with "
+                "cluster_n = 1, pairs sharing weight tiles, or cluster_m = 1 with cluster_n = 2, "
+                "pairs sharing activation tiles); HINT: set one of them to 1");
+  if (cn == 2) {
+    const int g1 = b == MJ_F_GEMM1;
+    const int64_t out = val(c, g1 ? MJ_F_EXPERT_WIDTH : MJ_F_HIDDEN);
+    const int64_t tn = val(c, b + MJ_GEMM_TILE_N), cols = g1 ? tn / 2 : tn;
+    const int64_t n_tiles = cols > 0 ? (out + cols - 1) / cols : 0;
+    if (n_tiles % 2 != 0)
+      return fail(
+          c, gemm,
+          INVOLVED(b + MJ_GEMM_CLUSTER_N, b + MJ_GEMM_TILE_N, g1 ? MJ_F_EXPERT_WIDTH : MJ_F_HIDDEN),
+          "cluster_n = 2 pairs CTAs on consecutive n-tiles, but %s = %lld makes %lld "
+          "n-tiles of %lld output columns (tile_n %lld%s), an odd number; HINT: choose a "
+          "tile_n that gives an even count, or set cluster_n to 1",
+          g1 ? "model.expert_width" : "model.hidden", (long long)out, (long long)n_tiles,
+          (long long)cols, (long long)tn, g1 ? " / 2: gate and up" : "");
+  }
   for (int i = 0; i < c->s->n_archs; i++) {
     int cc = mj_arch_parse(c->s->archs[i], NULL);
     if (cc && cc < 90)

@@ -23,7 +23,9 @@ typedef struct mj_gemm_plan {
   int wg_box_a_rows;      /* TMA box of A: 64 k-elements x this many rows */
   int wg_box_w_rows;      /* TMA box of W (gemm1: half the B tile, gate or up) */
   int wg_stages;          /* pipeline depth the kernel derives */
-  int wg_cluster;         /* CTAs per cluster along M (1, or 2: weight tiles multicast) */
+  int wg_cluster;         /* CTAs per cluster (1, or 2: a pair sharing tiles by multicast) */
+  int wg_cluster_n;       /* 1: the pair lies along N (A tiles shared); 0: along M
+                             (weight tiles shared), or no cluster */
   int wg_pingpong;        /* 1: two consumer warpgroups alternate whole tiles */
   int wg_narrow;          /* 1: the narrow 64 x 128 decode tile, not the spec's */
   int64_t w_rows;         /* rows of the W tensor map: E * 2f (gemm1) or E * d */

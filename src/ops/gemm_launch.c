@@ -164,6 +164,12 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   if ((st = mj_gemm_plan_make_for(spec, which, args->path, args->max_rows, mj_ctx_arch(ctx),
                                    &plan)))
     return mj_ctx_fail(ctx, st);
+  if (args->a_index && plan.use_wgmma && plan.wg_cluster_n)
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                     "moejit_gemm1_swiglu: args->a_index (gathered A rows) cannot run with "
+                     "cluster_n = 2 (CTA pairs along N share A by TMA multicast); HINT: leave "
+                     "a_index NULL and pass the rows in order, or set cluster_n to 1"));
   if (args->a_index && (!plan.use_wgmma || plan.wg_narrow))
     return mj_ctx_fail(
         ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,

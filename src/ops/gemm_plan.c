@@ -289,13 +289,18 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   const int epi = which == 2 ? consumers * 4 * MJ_WG_EPI_WARP_BYTES : 0;
   p->wg_stages = wg_stages(want, stage_bytes, epi + table);
   p->smem_bytes = (unsigned)(1024 + p->wg_stages * (stage_bytes + 16) + epi + table);
-  /* cooperative 256-row tiles load A in 64-row boxes, only those holding
-   * rows of the tile's expert (mj_wg_shape::kBoxA) */
-  p->wg_box_a_rows = !pp && tm == 256 ? 64 : tm;
   /* cluster_m 2: CTA pairs along M; each loads half of the weight tile (for
-   * GEMM 1 the gate or the up box) and multicasts it to both */
-  p->wg_cluster = !narrow && g->cluster_m == 2 ? 2 : 1;
-  p->wg_box_w_rows = which == 1 || p->wg_cluster == 2 ? tn / 2 : tn;
+   * GEMM 1 the gate or the up box) and multicasts it to both. cluster_n 2:
+   * CTA pairs along N on one M-tile; each loads every other A box and
+   * multicasts it to both (the spec check allows one of the two) */
+  const int pair_m = !narrow && g->cluster_m == 2, pair_n = !narrow && !pair_m && g->cluster_n == 2;
+  p->wg_cluster = pair_m || pair_n ? 2 : 1;
+  p->wg_cluster_n = pair_n;
+  /* cooperative 256-row tiles load A in 64-row boxes, only those holding
+   * rows of the tile's expert (mj_wg_shape::kBoxA); pairs along N load
+   * halves of the other tiles' A */
+  p->wg_box_a_rows = !pp && tm == 256 ? 64 : (pair_n ? tm / 2 : tm);
+  p->wg_box_w_rows = which == 1 || pair_m ? tn / 2 : tn;
   p->w_rows = (int64_t)spec->experts * (which == 1 ? 2 * spec->expert_width : spec->hidden);
   p->n_tiles = (p->n_out + (which == 1 ? tn / 2 : tn) - 1) / (which == 1 ? tn / 2 : tn);
   p->m_slots = (int)(max_rows / tm + spec->experts);

@@ -249,7 +249,8 @@ int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_
 
 int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_plan *p,
                           int64_t l2_bytes) {
-  if (!p->use_wgmma || p->wg_narrow) return 0;
+  /* pairs along N share A by TMA multicast, which gathering cannot */
+  if (!p->use_wgmma || p->wg_narrow || p->wg_cluster_n) return 0;
   int want = p->tile_m == 64;
   if (!want && p->tile_m == 128 && !p->wg_pingpong && p->wg_cluster == 1 &&
       spec->expert_width <= 2048) {

@@ -19,16 +19,17 @@
  * one key, so one of them is kept. */
 typedef struct plan_key {
   const char *entry;
-  int tile_m, tile_n, threads, smem, wm, wn, wk, wg_stages, box_a, box_w, cluster, pingpong;
-  int tile_k, stages, raster;
+  int tile_m, tile_n, threads, smem, wm, wn, wk, wg_stages, box_a, box_w, cluster, cluster_n;
+  int pingpong, tile_k, stages, raster;
 } plan_key;
 
 static int key_eq(const plan_key *a, const plan_key *b) {
   return !strcmp(a->entry, b->entry) && a->tile_m == b->tile_m && a->tile_n == b->tile_n &&
          a->threads == b->threads && a->smem == b->smem && a->wm == b->wm && a->wn == b->wn &&
          a->wk == b->wk && a->wg_stages == b->wg_stages && a->box_a == b->box_a &&
-         a->box_w == b->box_w && a->cluster == b->cluster && a->pingpong == b->pingpong &&
-         a->tile_k == b->tile_k && a->stages == b->stages && a->raster == b->raster;
+         a->box_w == b->box_w && a->cluster == b->cluster && a->cluster_n == b->cluster_n &&
+         a->pingpong == b->pingpong && a->tile_k == b->tile_k && a->stages == b->stages &&
+         a->raster == b->raster;
 }
 
 static plan_key key_of(const mj_gemm_plan *p, const moejit_gemm_cfg *cfg) {
@@ -44,6 +45,7 @@ static plan_key key_of(const mj_gemm_plan *p, const moejit_gemm_cfg *cfg) {
                 .box_a = p->wg_box_a_rows,
                 .box_w = p->wg_box_w_rows,
                 .cluster = p->wg_cluster,
+                .cluster_n = p->wg_cluster_n,
                 .pingpong = p->wg_pingpong,
                 .raster = (int)cfg->raster};
   if (p->use_gemv) k.raster = 0;

@@ -118,11 +118,20 @@ using mj_wg_narrow = mj_wg_shape<64, 128, 64, 8, EXPERTS, 0, EPI>;
 // spec-tile entries then carry the cluster shape through
 // __mj_wg_cluster_dims__, named like an attribute so that codegen's entry
 // scan reads it as one.
+// The spec's cluster_n (MJ_CLUSTER_N): 2 pairs CTAs along N instead, which
+// compute the same M-tile against two consecutive n-tiles and share each A
+// tile the same way. The host rejects both at once (spec_check.c).
+#if defined(MJ_CLUSTER_M) && defined(MJ_CLUSTER_N) && MJ_CLUSTER_M == 2 && MJ_CLUSTER_N == 2
+#error "cluster_m and cluster_n cannot both be 2"
+#endif
 #if MJ_WGMMA_AVAILABLE && MJ_CLUSTER_M == 2
-enum : int { kWgCluster = 2 };
+enum : int { kWgCluster = 2, kWgClusterN = 1 };
+#define __mj_wg_cluster_dims__(unused) __cluster_dims__(2, 1, 1)
+#elif MJ_WGMMA_AVAILABLE && MJ_CLUSTER_N == 2
+enum : int { kWgCluster = 1, kWgClusterN = 2 };
 #define __mj_wg_cluster_dims__(unused) __cluster_dims__(2, 1, 1)
 #else
-enum : int { kWgCluster = 1 };
+enum : int { kWgCluster = 1, kWgClusterN = 1 };
 #define __mj_wg_cluster_dims__(unused)
 #endif
 
@@ -300,9 +309,9 @@ enum : int { kWgGroupM = 8 };
 // read once a group whichever way they are cut. So group k starts in
 // ((k - 1) * kWgGroupM, k * kWgGroupM] (0 for k = 0; the total past it) and
 // holds 0 to 2 * kWgGroupM - 1 M-tiles.
-template <int EXPERTS>
+template <int EXPERTS, int G = kWgGroupM>
 __device__ __forceinline__ int mj_wg_group_start(const int *table, int k) {
-  const int m = k * kWgGroupM, total = table[EXPERTS];
+  const int m = k * G, total = table[EXPERTS];
   if (k <= 0) return 0;
   if (m >= total) return total;
   int lo = 0, hi = EXPERTS;  // table[lo] <= m < table[lo + 1]
@@ -313,7 +322,7 @@ __device__ __forceinline__ int mj_wg_group_start(const int *table, int k) {
     else
       hi = mid;
   }
-  return table[lo + 1] - table[lo] < kWgGroupM ? table[lo] : m;
+  return table[lo + 1] - table[lo] < G ? table[lo] : m;
 }
 
 // The starts of groups 0 .. mj_wg_group_slots(E) - 1 after the table (the
@@ -324,16 +333,16 @@ __device__ __forceinline__ int mj_wg_group_start(const int *table, int k) {
 // experts are then mostly larger than a group anyway) keep their nominal
 // starts, which still partition the M-tiles: start(k) stays in
 // ((k - 1) * kWgGroupM, k * kWgGroupM].
-template <int EXPERTS>
+template <int EXPERTS, int G = kWgGroupM>
 __device__ __forceinline__ void mj_wg_build_groups(int *table) {
 #pragma unroll 1
   for (int k = threadIdx.x; k < mj_wg_group_slots(EXPERTS); k += blockDim.x)
-    table[EXPERTS + 1 + k] = mj_wg_group_start<EXPERTS>(table, k);
+    table[EXPERTS + 1 + k] = mj_wg_group_start<EXPERTS, G>(table, k);
 }
 
-template <int EXPERTS>
+template <int EXPERTS, int G = kWgGroupM>
 __device__ __forceinline__ int mj_wg_group(const int *table, int k) {
-  const int nominal = k * kWgGroupM, total = table[EXPERTS];
+  const int nominal = k * G, total = table[EXPERTS];
   return k < mj_wg_group_slots(EXPERTS) ? table[EXPERTS + 1 + k]
                                         : (nominal < total ? nominal : total);
 }
@@ -373,15 +382,18 @@ __device__ __forceinline__ void mj_wg_build_table(int *table, const int *offsets
 // CM M-tiles (a cluster's CTAs take consecutive M-tiles of one expert, so
 // they share the weight tile); a rank past the expert's last M-tile gets an
 // empty tile (row_end == row0: it loads and multiplies, stores nothing).
-template <int TM, int CM, int EXPERTS, int RASTER>
+// With CN = 2 the schedule counts n-tile pairs (n_tiles is the pair count):
+// rank r takes n-tile 2p + r of pair p, on the same M-tile as its peer.
+template <int TM, int CM, int EXPERTS, int RASTER, int CN = 1>
 __device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *offsets,
                                                    int max_rows, int n_tiles, int w, int rank) {
   // Group g holds items [start(g) * n_tiles, start(g + 1) * n_tiles); with
   // q = (w / n_tiles) / kWgGroupM, start(q) <= w / n_tiles < start(q + 2),
   // so w's group is q or q + 1.
-  const int mt0 = w / n_tiles, q = mt0 / kWgGroupM;
-  const int g0 = mj_wg_group<EXPERTS>(table, q), g1 = mj_wg_group<EXPERTS>(table, q + 1),
-            g2 = mj_wg_group<EXPERTS>(table, q + 2);
+  constexpr int G = kWgGroupM * CN;  // pairs along N: twice the M-tiles, half the n-tiles
+  const int mt0 = w / n_tiles, q = mt0 / G;
+  const int g0 = mj_wg_group<EXPERTS, G>(table, q), g1 = mj_wg_group<EXPERTS, G>(table, q + 1),
+            g2 = mj_wg_group<EXPERTS, G>(table, q + 2);
   const bool upper = mt0 >= g1;
   const int m_base = upper ? g1 : g0, m_end = upper ? g2 : g1;
   const int rows = m_end - m_base, within = w - m_base * n_tiles;
@@ -403,7 +415,8 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *
   const int first = mj_clamped_offset(offsets, lo, max_rows);
   const int end = mj_clamped_offset(offsets, lo + 1, max_rows);
   t.expert = lo;
-  t.row0 = first + ((mt - table[lo]) * CM + rank) * TM;
+  if (CN == 2) t.n_tile = 2 * t.n_tile + rank;
+  t.row0 = first + ((mt - table[lo]) * CM + (CM == 2 ? rank : 0)) * TM;
   t.row_end = t.row0 >= end ? t.row0 : (t.row0 + TM < end ? t.row0 + TM : end);
   return t;
 }
@@ -431,16 +444,16 @@ __device__ __forceinline__ mj_wg_sched mj_wg_schedule(const int *table, int n_ti
   return mj_wg_sched{whole, whole + 2 * (tiles - whole)};
 }
 
-// Item w of the schedule -> its tile (rank: as mj_wg_tile).
-template <class S, int CM, int EXPERTS, int RASTER, bool kSplit>
+// Item w of the schedule -> its tile (rank, CN: as mj_wg_tile).
+template <class S, int CM, int EXPERTS, int RASTER, bool kSplit, int CN = 1>
 __device__ __forceinline__ mj_gemm_tile mj_wg_item(const mj_wg_sched &q, const int *table,
                                                    const int *offsets, int max_rows, int n_tiles,
                                                    int w, int rank) {
   if (!kSplit || w < q.whole)
-    return mj_wg_tile<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
+    return mj_wg_tile<S::kTM, CM, EXPERTS, RASTER, CN>(table, offsets, max_rows, n_tiles, w, rank);
   const int u = w - q.whole;
-  mj_gemm_tile t = mj_wg_tile<S::kTM, CM, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles,
-                                                           q.whole + u / 2, rank);
+  mj_gemm_tile t = mj_wg_tile<S::kTM, CM, EXPERTS, RASTER, CN>(table, offsets, max_rows, n_tiles,
+                                                               q.whole + u / 2, rank);
   const int row0 = t.row0 + (u & 1) * S::kWgRows;
   const int end = row0 + S::kWgRows < t.row_end ? row0 + S::kWgRows : t.row_end;
   t.row0 = row0;
@@ -544,22 +557,27 @@ __device__ __forceinline__ void mj_wg_load_b(unsigned b, const mj_tmap *tw, int 
 // next tile while the consumers store this one. In a cluster of CM = 2, each
 // CTA loads its own A and one half of the shared B tile, multicast into both
 // CTAs (rank 0 the first half, rank 1 the second), so B crosses L2 once per
-// pair; a stage is reloaded only when both CTAs' consumers released it.
+// pair; a stage is reloaded only when both CTAs' consumers released it. In a
+// cluster of CN = 2 (both CTAs on one M-tile) the roles swap: each loads its
+// own B and every other A box (rank r the boxes j with j % 2 == r, of kTM / 2
+// rows, or of 64 rows with kBlockSkip), multicast into both, so A crosses L2
+// once per pair.
 // step (rounds in step, or NULL): its owed wait comes before k-tile kStages.
-template <class S, int K, bool kSplitB, int CM>
+template <class S, int K, bool kSplitB, int CM, int CN = 1>
 __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
                                               const mj_tmap *ta, const mj_tmap *tw, int a_row0,
                                               int a_rows, int w_row0, int w_row1, unsigned rank,
                                               mj_wg_round *step = nullptr) {
   constexpr int kTiles = (K + 63) / 64;
   // kBlockSkip: A boxes of 64 rows, only those that hold the tile's rows
-  // (a_rows of them from a_row0); otherwise one box of kTM rows
-  int boxes = 1;
+  // (a_rows of them from a_row0); otherwise kTM / kBox boxes of kBox rows
+  constexpr int kBox = S::kBlockSkip ? S::kBoxA : S::kTM / CN;
+  int boxes = S::kTM / kBox;
   if constexpr (S::kBlockSkip) {
-    boxes = (a_rows + S::kBoxA - 1) / S::kBoxA;
-    boxes = boxes < 0 ? 0 : (boxes > S::kTM / S::kBoxA ? S::kTM / S::kBoxA : boxes);
+    boxes = (a_rows + kBox - 1) / kBox;
+    boxes = boxes < 0 ? 0 : (boxes > S::kTM / kBox ? S::kTM / kBox : boxes);
   }
-  const unsigned bytes = (unsigned)(boxes * S::kBoxA * 128 + S::kStageB);
+  const unsigned bytes = (unsigned)(boxes * kBox * 128 + S::kStageB);
 #pragma unroll 1
   for (int kt = 0; kt < kTiles; ++kt) {
     const unsigned full = sm.full + ring.s * 8;
@@ -569,8 +587,15 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
     const int k0 = kt * 64;
     const unsigned a = sm.a + ring.s * S::kStageA;
 #pragma unroll 1
-    for (int j = 0; j < boxes; ++j)
-      mj_tma_load_2d(a + j * S::kBoxA * 128, ta, k0, a_row0 + j * S::kBoxA, full);
+    for (int j = 0; j < boxes; ++j) {
+      if constexpr (CN == 2) {
+        if ((unsigned)(j & 1) == rank)
+          mj_tma_load_2d_multicast(a + j * kBox * 128, ta, k0, a_row0 + j * kBox, full,
+                                   (unsigned short)3);
+      } else {
+        mj_tma_load_2d(a + j * kBox * 128, ta, k0, a_row0 + j * kBox, full);
+      }
+    }
     mj_wg_load_b<S, kSplitB, CM>(sm.b + ring.s * S::kStageB, tw, k0, w_row0, w_row1, rank, full);
     ring.next<S>();
   }
@@ -666,11 +691,12 @@ __device__ __forceinline__ void mj_wg_produce_gather(
   }
 }
 
-// Gives stage `stage` back: to this CTA's producer, or (CM = 2) to both
-// CTAs' producers, whose loads write into both.
-template <int CM> __device__ __forceinline__ void mj_wg_release(unsigned empty_bar) {
+// Gives stage `stage` back: to this CTA's producer, or (a cluster of CS = 2,
+// along M or N) to both CTAs' producers, whose loads write into both.
+template <int CS>
+__device__ __forceinline__ void mj_wg_release(unsigned empty_bar) {
   mj_mbar_arrive(empty_bar);
-  if constexpr (CM == 2) mj_mbar_arrive_cluster(empty_bar, mj_cluster_rank() ^ 1u);
+  if constexpr (CS == 2) mj_mbar_arrive_cluster(empty_bar, mj_cluster_rank() ^ 1u);
 }
 
 // A consumer warpgroup (c = 0 or 1): rows [c * kWgRows, +kWgRows) of the tile
@@ -679,7 +705,7 @@ template <int CM> __device__ __forceinline__ void mj_wg_release(unsigned empty_b
 // one group; once the group before it has completed, that stage goes back to
 // the producer (one arrival per consumer warp); the last stage goes back
 // when all are done.
-template <class S, typename T, int K, int CM, bool kGather = false, int kActive = S::kMB>
+template <class S, typename T, int K, int CS, bool kGather = false, int kActive = S::kMB>
 __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_ring &ring, int c,
                                               float (&acc)[S::kMB][S::kAcc]) {
   constexpr int kTiles = (K + 63) / 64;
@@ -711,27 +737,27 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
     mj_wgmma_wait<1>(); // k-tile kt-1's wgmmas are done: its stage is free
 #pragma unroll
     for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
-    if (kt > 0 && signals) mj_wg_release<CM>(sm.empty + prev * 8);
+    if (kt > 0 && signals) mj_wg_release<CS>(sm.empty + prev * 8);
     prev = ring.s;
     ring.next<S>();
   }
   mj_wgmma_wait<0>();
 #pragma unroll
   for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
-  if (signals) mj_wg_release<CM>(sm.empty + prev * 8);
+  if (signals) mj_wg_release<CS>(sm.empty + prev * 8);
 }
 
 // A consumer without rows in a split half (consumer 1) multiplies nothing:
 // it gives each stage of the tile back once it has landed (not before: an
 // arrival ahead of the producer would count toward the stage's next use),
 // so the other consumer has the tensor cores to itself.
-template <class S, int K, int CM>
+template <class S, int K, int CS>
 __device__ __forceinline__ void mj_wg_skip(const mj_wg_smem<S> &sm, mj_wg_ring &ring) {
   const bool signals = (threadIdx.x & 31) == 0;
 #pragma unroll 1
   for (int kt = 0; kt < (K + 63) / 64; ++kt) {
     mj_mbar_wait(sm.full + ring.s * 8, ring.phase);
-    if (signals) mj_wg_release<CM>(sm.empty + ring.s * 8);
+    if (signals) mj_wg_release<CS>(sm.empty + ring.s * 8);
     ring.next<S>();
   }
 }
@@ -819,17 +845,21 @@ __device__ __forceinline__ void mj_wg_store_rows(T *out, long long ld, int row0,
 // tile, w_rows(t, &w_row0, &w_row1) names its B rows and epi(acc, c, t, buf)
 // stores it in each consumer thread (buf: the shared address of the warp's
 // staging buffer, for mj_wg_store_rows). Every thread of the block calls it. CM
-// (1 or 2) is the cluster size along M: the kernel entry must then carry
-// __cluster_dims__(CM, 1, 1) and the grid be a multiple of CM. sync (CM = 1,
-// A by TMA; NULL: off): rounds in step (mj_wg_round).
+// (1 or 2) is the cluster size along M, CN (1 or 2) along N, at most one of
+// them 2: the kernel entry must then carry __cluster_dims__(2, 1, 1) and the
+// grid be a multiple of 2; with CN = 2, n_tiles must be even. sync (no
+// cluster, A by TMA; NULL: off): rounds in step (mj_wg_round).
 template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, class WRows,
-          class Epi, bool kGather = false>
+          class Epi, bool kGather = false, int CN = 1>
 __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, const int *offsets,
                                            int max_rows, int n_tiles, const WRows &w_rows,
                                            const Epi &epi,
                                            const mj_wg_gather_src<T> *gather = nullptr,
                                            unsigned *sync = nullptr) {
   static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(CN == 1 || (CN == 2 && CM == 1), "pairs along N, or along M, not both");
+  static_assert(!(kGather && CN == 2), "the gathering producer loads A without multicast");
+  constexpr int CS = CM * CN;  // CTAs per cluster
   const mj_wg_smem<S> sm(mj_smem_u32(mj_gemm_smem));
   int *table = reinterpret_cast<int *>(mj_gemm_smem + (sm.table - mj_smem_u32(mj_gemm_smem)));
   if (threadIdx.x < 32) mj_wg_build_table<S::kTM * CM, EXPERTS>(table, offsets, max_rows);
@@ -839,7 +869,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       // the producer's expect_tx (gathering: and each producer thread's copies)
       mj_mbar_init(sm.full + s * 8, kGather ? 1 + 128 : 1);
       // each consumer warp of the cluster that reads the stage (ping-pong: one warpgroup)
-      mj_mbar_init(sm.empty + s * 8, 4 * (S::kPingPong ? 1 : S::kConsumers) * CM);
+      mj_mbar_init(sm.empty + s * 8, 4 * (S::kPingPong ? 1 : S::kConsumers) * CS);
     }
     if (S::kPingPong) { // each consumer warpgroup's "mainloop of a tile done": one per warp
       mj_mbar_init(sm.order, 4);
@@ -851,15 +881,16 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
-  mj_wg_build_groups<EXPERTS>(table);
+  mj_wg_build_groups<EXPERTS, kWgGroupM * CN>(table);
   __syncthreads();
-  const unsigned rank = CM == 1 ? 0u : mj_cluster_rank();
-  const int first = CM == 1 ? (int)blockIdx.x : (int)mj_cluster_id();
-  const int stride = CM == 1 ? (int)gridDim.x : (int)mj_cluster_count();
-  if constexpr (CM > 1) mj_cluster_sync(); // the peer's barriers exist before any multicast
+  const unsigned rank = CS == 1 ? 0u : mj_cluster_rank();
+  const int first = CS == 1 ? (int)blockIdx.x : (int)mj_cluster_id();
+  const int stride = CS == 1 ? (int)gridDim.x : (int)mj_cluster_count();
+  if constexpr (CS > 1) mj_cluster_sync();  // the peer's barriers exist before any multicast
   // Split halves: cooperative tiles (two consumers) without clusters, A by
   // TMA (the gathering producer, at 40 registers, would spill for them).
-  constexpr bool kSplit = CM == 1 && !S::kPingPong && S::kConsumers == 2 && !kGather;
+  constexpr bool kSplit = CS == 1 && !S::kPingPong && S::kConsumers == 2 && !kGather;
+  n_tiles /= CN;  // CN = 2: the schedule's n-tiles are pairs (mj_wg_tile)
   const mj_wg_sched q = mj_wg_schedule<EXPERTS, kSplit>(table, n_tiles, stride);
   const int items = q.items;
   // An item without rows (a split half past the expert's end) is skipped by
@@ -875,16 +906,16 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       mj_wg_gather_rows<S> cur, nxt;
       mj_gemm_tile t = {};
       if (first < items) {
-        t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(q, table, offsets, max_rows, n_tiles, first,
-                                                       rank);
+        t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit, CN>(q, table, offsets, max_rows, n_tiles,
+                                                           first, rank);
         mj_wg_gather_index<S, T>(*gather, t, cur);
       }
 #pragma unroll 1
       for (int w = first; w < items; w += stride) {
         const bool has_next = w + stride < items;
         const mj_gemm_tile t_next =
-            has_next ? mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(q, table, offsets, max_rows,
-                                                                  n_tiles, w + stride, rank)
+            has_next ? mj_wg_item<S, CM, EXPERTS, RASTER, kSplit, CN>(q, table, offsets, max_rows,
+                                                                      n_tiles, w + stride, rank)
                      : t;
         static_assert(!kSplit, "the gathering producer has no empty items to skip");
         int w_row0, w_row1;
@@ -901,19 +932,19 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       mj_tma_prefetch(tw);
       // rounds in step: every CTA arrives after each round but the last,
       // also the rounds it has no item in, and waits in the next one
-      const int rounds = CM == 1 && sync ? (items + stride - 1) / stride : 0;
+      const int rounds = CS == 1 && sync ? (items + stride - 1) / stride : 0;
       mj_wg_round step;
       step.sync = sync;
 #pragma unroll 1
       for (int w = first, r = 0; w < items || r < rounds; w += stride, ++r) {
         if (w < items) {
-          const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(
+          const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit, CN>(
               q, table, offsets, max_rows, n_tiles, w, rank);
           if (!empty(t)) {
             int w_row0, w_row1;
             w_rows(t, &w_row0, &w_row1);
-            mj_wg_produce<S, K, kSplitB, CM>(sm, ring, ta, tw, t.row0, t.row_end - t.row0, w_row0,
-                                             w_row1, rank, &step);
+            mj_wg_produce<S, K, kSplitB, CM, CN>(sm, ring, ta, tw, t.row0, t.row_end - t.row0,
+                                                 w_row0, w_row1, rank, &step);
           }
         }
         step.wait();  // no item, or fewer k-tiles than stages: the wait is still owed
@@ -936,8 +967,8 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
 #pragma unroll 1
     for (int w = first + (S::kPingPong ? c * stride : 0), j = c; w < items;
          w += S::kPingPong ? 2 * stride : stride, j += 2) {
-      const mj_gemm_tile t =
-          mj_wg_item<S, CM, EXPERTS, RASTER, kSplit>(q, table, offsets, max_rows, n_tiles, w, rank);
+      const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit, CN>(
+          q, table, offsets, max_rows, n_tiles, w, rank);
       if (empty(t)) continue;  // never in ping-pong (no split): the order barriers stay paired
       if (S::kPingPong && j > 0) {
         mj_mbar_wait(sm.order + (1 - c) * 8, order_phase);
@@ -956,19 +987,19 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
         // short.
         const int left = t.row_end - t.row0 - c * S::kWgRows;
         if (left <= 0) {
-          mj_wg_skip<S, K, CM>(sm, ring);
+          mj_wg_skip<S, K, CS>(sm, ring);
           continue;
         }
         if (left <= 64) {
-          mj_wg_consume<S, T, K, CM, kGather, 1>(sm, ring, c, acc);
+          mj_wg_consume<S, T, K, CS, kGather, 1>(sm, ring, c, acc);
           epi(acc, c, t, sm.epi(c, (threadIdx.x & 127) >> 5));
           continue;
         }
       } else if (kSplit && w >= q.whole && c == 1) {  // a half: consumer 0's rows
-        mj_wg_skip<S, K, CM>(sm, ring);
+        mj_wg_skip<S, K, CS>(sm, ring);
         continue;
       }
-      mj_wg_consume<S, T, K, CM, kGather>(sm, ring, c, acc);
+      mj_wg_consume<S, T, K, CS, kGather>(sm, ring, c, acc);
       if (S::kPingPong) {
         if (signals) mj_mbar_arrive(sm.order + c * 8);
         ring.skip<S>((K + 63) / 64); // the other warpgroup's next tile
@@ -977,7 +1008,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
     }
   }
   // No CTA leaves while its peer may still arrive on its barriers.
-  if constexpr (CM > 1) mj_cluster_sync();
+  if constexpr (CS > 1) mj_cluster_sync();
 }
 
 #endif // MJ_WGMMA_AVAILABLE

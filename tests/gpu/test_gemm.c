@@ -383,6 +383,43 @@ Test(gemm, wgmma_cluster_pairs) {
   moejit_ctx_destroy(ctx);
 }
 
+static void pair_along_n(moejit_gemm_cfg *g) {
+  g->cluster_n = 2;
+}
+
+/* cluster_n 2 on the wgmma path: CTA pairs on one M-tile and two consecutive
+ * n-tiles share each A tile by TMA multicast (each CTA loads every other
+ * box of it): cooperative 128- and 256-row tiles (the latter loading only
+ * the 64-row boxes that hold rows, so a pair may split an odd count),
+ * 64-row tiles, both rasters, then ping-pong with one hot expert and with
+ * a single row. d = 504 and f = 200 give an even number of n-tiles for
+ * every tile here (GEMM 1: 2 or 4, GEMM 2: 2 or 4) with K tails (504 and
+ * 200 are not multiples of 64). */
+Test(gemm, wgmma_cluster_pairs_along_n) {
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
+  const moejit_gemm_cfg tiles[] = {cfg(128, 256, 64, 4, 8, 0), cfg(128, 128, 64, 4, 8, 1),
+                                   cfg(256, 128, 64, 4, 8, 0), cfg(64, 256, 64, 4, 8, 0),
+                                   cfg(64, 128, 64, 4, 8, 1)};
+  run_wgmma_tiles(ctx, 504, 200, tiles, sizeof tiles / sizeof tiles[0], pair_along_n,
+                  "cluster_n 2");
+  moejit_spec s = make_spec(504, 200, 8, MOEJIT_DTYPE_BF16, tiles[1]);
+  s.gemm1.schedule = s.gemm2.schedule = MOEJIT_SCHEDULE_PINGPONG;
+  pair_along_n(&s.gemm1), pair_along_n(&s.gemm2);
+  cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+  static const int32_t one_hot[8] = {0, 0, 0, 0, 0, 1001, 0, 0}; /* 7.8 tiles of 128 rows */
+  static const int32_t single[8] = {0, 0, 0, 1, 0, 0, 0, 0};
+  for (int which = 1; which <= 2; which++) {
+    gemm_case c = {
+        ctx, &s, which, MOEJIT_GEMM_PATH_WGMMA, one_hot, 3, which == 2, tol_of(s.act_dtype), NULL};
+    double err = run_case(&c);
+    cr_expect(err <= c.tolerance, "gemm%d, one hot expert: rel error %.3g", which, err);
+    c.counts = single;
+    err = run_case(&c);
+    cr_expect(err <= c.tolerance, "gemm%d, one row: rel error %.3g", which, err);
+  }
+  moejit_ctx_destroy(ctx);
+}
+
 /* Cooperative 128-row tiles when the last round of the persistent schedule
  * would leave at least half the CTAs idle: that round's tiles are split into
  * the two consumers' 64-row halves, each its own item. Here (H100: 132 CTAs)
@@ -812,6 +849,13 @@ Test(gemm, gather_argument_checks) {
     a = ok;
     cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
     unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
+    /* pairs along N share A by multicast: no gathering there */
+    moejit_spec n = s;
+    n.gemm1.cluster_n = 2;
+    cr_assert_eq(moejit_spec_validate(&n), MOEJIT_OK, "%s", moejit_last_error());
+    a = ok;
+    cr_assert_eq(moejit_gemm1_swiglu(ctx, &n, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
+    cr_assert(strstr(moejit_last_error(), "cluster_n"), "%s", moejit_last_error());
   }
   moejit_mem_free(ctx, buf, NULL);
   moejit_mem_free(ctx, doff, NULL);
@@ -912,8 +956,24 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(mj_gemm_plan_make_for(&c, 2, MOEJIT_GEMM_PATH_WGMMA, 100000, "sm_90a", &p), MOEJIT_OK);
   cr_assert_eq(p.wg_cluster, 2);
   cr_assert_eq(p.wg_box_w_rows, 128);
+  cr_assert_eq(p.wg_cluster_n, 0);
+  cr_assert_eq(p.wg_box_a_rows, 128);
   cr_assert_eq(mj_gemm_plan_make_for(&c, 2, MOEJIT_GEMM_PATH_AUTO, 8, "sm_90a", &p), MOEJIT_OK);
   cr_assert_eq(p.wg_cluster, 1, "the narrow decode tile runs without clusters");
+  /* cluster_n 2: pairs along N, each loading half of the A tile (256-row
+   * tiles: every other 64-row box) and all of its weight tile */
+  c.gemm2.cluster_m = 1, c.gemm2.cluster_n = 2;
+  cr_assert_eq(mj_gemm_plan_make_for(&c, 2, MOEJIT_GEMM_PATH_WGMMA, 100000, "sm_90a", &p),
+               MOEJIT_OK);
+  cr_assert_eq(p.wg_cluster, 2);
+  cr_assert_eq(p.wg_cluster_n, 1);
+  cr_assert_eq(p.wg_box_a_rows, 64);
+  cr_assert_eq(p.wg_box_w_rows, 256);
+  c.gemm2 = cfg(256, 128, 64, 4, 8, 0), c.gemm2.cluster_n = 2;
+  cr_assert_eq(mj_gemm_plan_make_for(&c, 2, MOEJIT_GEMM_PATH_WGMMA, 100000, "sm_90a", &p),
+               MOEJIT_OK);
+  cr_assert_eq(p.wg_box_a_rows, 64);
+  cr_assert_eq(p.wg_box_w_rows, 128);
   unsetenv("MOEJIT_GEMM_GEMV");
   /* 128-row tiles: two consumer warpgroups */
   s.gemm2 = cfg(128, 128, 64, 4, 8, 0);
