@@ -270,11 +270,12 @@ static void json_winners(const moejit_tune_summary *s) {
     cli_json_str(stdout, w->shape);
     printf(
         ",\"kernel\":\"%s\",\"tokens\":%lld,\"path\":\"%s\",\"tile_m\":%d,\"tile_n\":%d,"
-        "\"tile_k\":%d,\"stages\":%d,\"warps\":%d,\"cluster_m\":%d,\"raster\":\"%s\","
-        "\"schedule\":\"%s\",\"us\":%.3f,\"heuristic_us\":%.3f,\"tflops\":%.2f}",
+        "\"tile_k\":%d,\"stages\":%d,\"warps\":%d,\"cluster_m\":%d,\"cluster_n\":%d,"
+        "\"raster\":\"%s\",\"schedule\":\"%s\",\"us\":%.3f,\"heuristic_us\":%.3f,"
+        "\"tflops\":%.2f}",
         w->kernel, (long long)w->tokens, moejit_gemm_path_name(w->path), w->cfg.tile_m,
         w->cfg.tile_n, w->cfg.tile_k, w->cfg.stages, w->cfg.warps, w->cfg.cluster_m,
-        w->cfg.raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m",
+        w->cfg.cluster_n, w->cfg.raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m",
         moejit_gemm_schedule_name(w->cfg.schedule), w->us, w->heuristic_us, w->tflops);
   }
   printf("]");

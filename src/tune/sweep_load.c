@@ -294,9 +294,11 @@ static const value_rule kRules[MJ_P_COUNT] = {
     {4, 12, kWarps, 3, "4, 8, 12"},
     {0, 1, NULL, 0, "along_m, along_n"},
     {1, 2, NULL, 0, "1, 2"},
+    {1, 2, NULL, 0, "1, 2"},
     {0, MJ_SCHEDULE_COUNT - 1, NULL, 0, MJ_SCHEDULE_ALLOWED}};
-static const char *const kParamNames[MJ_P_COUNT] = {"tile_m", "tile_n", "tile_k",    "stages",
-                                                    "warps",  "raster", "cluster_m", "schedule"};
+static const char *const kParamNames[MJ_P_COUNT] = {"tile_m",    "tile_n",    "tile_k",
+                                                    "stages",    "warps",     "raster",
+                                                    "cluster_m", "cluster_n", "schedule"};
 
 /* A parameter written as names (raster, schedule): their enum values. */
 static moejit_status get_named(const sl *L, const mj_yaml_node *n, const char *path, int p,
@@ -326,8 +328,9 @@ static moejit_status check_space_tokens(const sl *L, const mj_yaml_node *n, cons
 }
 
 static moejit_status load_space(const sl *L, const mj_yaml_node *n, int index, mj_sweep_space *sp) {
-  static const char *const keys[] = {"kernels", "paths", "tokens", "tile_m",    "tile_n",  "tile_k",
-                                     "stages",  "warps", "raster", "cluster_m", "schedule"};
+  static const char *const keys[] = {"kernels", "paths",     "tokens",    "tile_m",
+                                     "tile_n",  "tile_k",    "stages",    "warps",
+                                     "raster",  "cluster_m", "cluster_n", "schedule"};
   char path[64], sub[96];
   snprintf(path, sizeof path, "spaces[%d]", index);
   moejit_status st = want_map(L, n, path);
@@ -353,8 +356,8 @@ static moejit_status load_space(const sl *L, const mj_yaml_node *n, int index, m
       return fail_at(L, n, path,
                      "missing key '%s' (a space lists tile_m, tile_n, tile_k and stages)",
                      kParamNames[p]);
-    if (!v) { /* warps 8, raster along_m, cluster_m 1, schedule cooperative */
-      sp->values[p][0] = p == MJ_P_WARPS ? 8 : p == MJ_P_CLUSTER_M ? 1 : 0;
+    if (!v) { /* warps 8, raster along_m, cluster_m and cluster_n 1, schedule cooperative */
+      sp->values[p][0] = p == MJ_P_WARPS ? 8 : p == MJ_P_CLUSTER_M || p == MJ_P_CLUSTER_N ? 1 : 0;
       sp->n_values[p] = 1;
     } else if (p == MJ_P_RASTER || p == MJ_P_SCHEDULE) {
       if ((st = get_named(L, v, sub, p, sp))) return st;

@@ -26,6 +26,7 @@ enum {
   MJ_P_WARPS,
   MJ_P_RASTER,
   MJ_P_CLUSTER_M,
+  MJ_P_CLUSTER_N,
   MJ_P_SCHEDULE,
   MJ_P_COUNT
 };

@@ -13,10 +13,12 @@
 
 /* What makes two candidates the same kernel launch: the plan fields the
  * kernel's code and launch depend on (grid size aside). The mma path's
- * smem folds tile_k and stages together, so they are kept apart here. The
- * GEMV plan ignores the spec's tile (fixed rows and columns per warp, no
- * shared memory, no raster): every gemv candidate of a shape and kernel has
- * one key, so one of them is kept. */
+ * smem folds tile_k and stages together, so they are kept apart here. Only
+ * wgmma plans set wg_cluster and wg_cluster_n (mma and gemv plans leave them
+ * 0), so configs that differ only in cluster_m or cluster_n share a key off
+ * wgmma and are duplicates there. The GEMV plan ignores the spec's tile
+ * (fixed rows and columns per warp, no shared memory, no raster): every gemv
+ * candidate of a shape and kernel has one key, so one of them is kept. */
 typedef struct plan_key {
   const char *entry;
   int tile_m, tile_n, threads, smem, wm, wn, wk, wg_stages, box_a, box_w, cluster, cluster_n;
@@ -117,10 +119,16 @@ static void prune(mj_tune_cand *c, const char *category, const char *detail) {
   mj_strlcpy(c->reason, detail, sizeof c->reason);
 }
 
-/* The spec rule a config breaks, as a category. */
+/* The spec rule a config breaks, as a category. The cluster rules get one
+ * each: a space crossing cluster_m [1, 2] with cluster_n [1, 2] always
+ * spans 2x2 clusters, while an odd n-tile count depends on the shape and
+ * tile_n, which the summary should tell apart. */
 static const char *rule_category(const char *msg) {
   if (strstr(msg, "accumulators")) return "registers (over 128 accumulators per thread)";
   if (strstr(msg, "shared memory")) return "shared memory (over 227 KiB)";
+  if (strstr(msg, "2x2 thread-block cluster")) return "thread-block cluster (2x2)";
+  if (strstr(msg, "cluster_n = 2") && strstr(msg, "odd number"))
+    return "thread-block cluster (cluster_n 2, odd n-tile count)";
   if (strstr(msg, "cluster")) return "thread-block cluster";
   return "invalid config";
 }
@@ -232,7 +240,7 @@ static moejit_status enumerate_space(builder *b, int shape, int which, const mj_
           .stages = sp->values[MJ_P_STAGES][idx[MJ_P_STAGES]],
           .warps = sp->values[MJ_P_WARPS][idx[MJ_P_WARPS]],
           .cluster_m = sp->values[MJ_P_CLUSTER_M][idx[MJ_P_CLUSTER_M]],
-          .cluster_n = 1,
+          .cluster_n = sp->values[MJ_P_CLUSTER_N][idx[MJ_P_CLUSTER_N]],
           .raster = (moejit_raster)sp->values[MJ_P_RASTER][idx[MJ_P_RASTER]],
           .schedule = (moejit_gemm_schedule)sp->values[MJ_P_SCHEDULE][idx[MJ_P_SCHEDULE]]};
       moejit_status st = add_candidate(b, c, b->sw->divisible);

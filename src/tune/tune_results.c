@@ -43,16 +43,19 @@ int mj_tune_row_same(const mj_tune_row *a, const mj_tune_row *b) {
          a->path == b->path && a->cfg.tile_m == b->cfg.tile_m && a->cfg.tile_n == b->cfg.tile_n &&
          a->cfg.tile_k == b->cfg.tile_k && a->cfg.stages == b->cfg.stages &&
          a->cfg.warps == b->cfg.warps && a->cfg.raster == b->cfg.raster &&
-         a->cfg.cluster_m == b->cfg.cluster_m && a->cfg.schedule == b->cfg.schedule;
+         a->cfg.cluster_m == b->cfg.cluster_m && a->cfg.cluster_n == b->cfg.cluster_n &&
+         a->cfg.schedule == b->cfg.schedule;
 }
 
 /* ---- CSV ------------------------------------------------------------------ */
 
 #define CSV_HEADER                                                                            \
   "device,arch,shape,kernel,dtype,hidden,expert_width,experts,top_k,tokens,role,path,tile_m," \
-  "tile_n,tile_k,stages,warps,raster,cluster_m,schedule,status,median_us,tflops,gbs,rel_err," \
-  "iters,copy_us,date,reason"
-#define CSV_FIELDS 29
+  "tile_n,tile_k,stages,warps,raster,cluster_m,cluster_n,schedule,status,median_us,tflops,"   \
+  "gbs,rel_err,iters,copy_us,date,reason"
+#define CSV_FIELDS 30
+/* Rows written before cluster_n had a column: one field fewer. */
+#define CSV_FIELDS_NO_CLUSTER_N 29
 
 /* Free text in a CSV field: no separators, quotes or line breaks. */
 static void csv_clean(const char *s, char *out, size_t cap) {
@@ -73,12 +76,12 @@ static void csv_row(mj_buf *b, const mj_tune_row *r) {
                 r->expert_width, (int)r->experts, (int)r->top_k, r->tokens,
                 r->role == MJ_ROLE_HEURISTIC ? "heuristic" : "candidate",
                 moejit_gemm_path_name(r->path));
-  mj_buf_printf(b, "%d,%d,%d,%d,%d,%s,%d,%s,%s,%.3f,%.3f,%.2f,%.4g,%d,%.3f,%s,%s\n", r->cfg.tile_m,
-                r->cfg.tile_n, r->cfg.tile_k, r->cfg.stages, r->cfg.warps,
+  mj_buf_printf(b, "%d,%d,%d,%d,%d,%s,%d,%d,%s,%s,%.3f,%.3f,%.2f,%.4g,%d,%.3f,%s,%s\n",
+                r->cfg.tile_m, r->cfg.tile_n, r->cfg.tile_k, r->cfg.stages, r->cfg.warps,
                 r->cfg.raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m", r->cfg.cluster_m,
-                moejit_gemm_schedule_name(r->cfg.schedule), mj_tune_status_name(r->status), r->us,
-                r->tflops, r->gbs, isfinite(r->rel_err) ? r->rel_err : 1e30, r->iters, r->copy_us,
-                r->date, reason);
+                r->cfg.cluster_n, moejit_gemm_schedule_name(r->cfg.schedule),
+                mj_tune_status_name(r->status), r->us, r->tflops, r->gbs,
+                isfinite(r->rel_err) ? r->rel_err : 1e30, r->iters, r->copy_us, r->date, reason);
 }
 
 moejit_status mj_tune_write_csv(const mj_tune_rows *rows, const char *path) {
@@ -139,33 +142,42 @@ static int parse_ints(char **f, int n, int64_t *out) {
   return 1;
 }
 
-/* Columns after the tile: raster, cluster_m, schedule, status, then the
- * numbers; index of the first of them. */
+/* Columns after the tile: raster, cluster_m, cluster_n; index of the
+ * first of them. */
 #define CSV_AFTER_TILE 17
 
+/* A row of the current layout, or of the one before cluster_n had a column
+ * (CSV_FIELDS_NO_CLUSTER_N fields): its candidates all ran with cluster_n 1,
+ * so it reads as cluster_n 1 and resumes as that candidate. Free text holds
+ * no comma (csv_clean), so the field count tells the two apart; rows of
+ * older layouts (before copy_us: fewer fields) are not read. */
 static int parse_row(char *line, mj_tune_row *r) {
   char *f[CSV_FIELDS];
   static const char *const roles[] = {"candidate", "heuristic"};
   static const char *const rasters[] = {"along_m", "along_n"};
-  if (split(line, f) != CSV_FIELDS) return 0;
+  const int n = split(line, f);
+  if (n != CSV_FIELDS && n != CSV_FIELDS_NO_CLUSTER_N) return 0;
+  const int has_cn = n == CSV_FIELDS;
   memset(r, 0, sizeof *r);
   char **t = f + CSV_AFTER_TILE;
-  int64_t shape[5], tile[5], cluster, iters;
+  char **u = t + 2 + has_cn; /* schedule, status, then the numbers */
+  int64_t shape[5], tile[5], cluster, cluster_n = 1, iters;
   int role = find_name(f[10], roles, 2), raster = find_name(t[0], rasters, 2);
-  int schedule = find_name(t[2], mj_schedule_names, MJ_SCHEDULE_COUNT),
-      status = find_name(t[3], kStatusNames, MJ_TS_COUNT);
+  int schedule = find_name(u[0], mj_schedule_names, MJ_SCHEDULE_COUNT),
+      status = find_name(u[1], kStatusNames, MJ_TS_COUNT);
   if (strncmp(f[3], "gemm", 4) || (f[3][4] != '1' && f[3][4] != '2') || f[3][5] ||
       !parse_dtype(f[4], &r->dtype) || !parse_ints(f + 5, 5, shape) || role < 0 ||
       !parse_path(f[11], &r->path) || !parse_ints(f + 12, 5, tile) || raster < 0 ||
-      !parse_i64(t[1], &cluster) || schedule < 0 || status < 0 || !parse_num(t[4], &r->us) ||
-      !parse_num(t[5], &r->tflops) || !parse_num(t[6], &r->gbs) || !parse_num(t[7], &r->rel_err) ||
-      !parse_i64(t[8], &iters) || !parse_num(t[9], &r->copy_us))
+      !parse_i64(t[1], &cluster) || (has_cn && !parse_i64(t[2], &cluster_n)) || schedule < 0 ||
+      status < 0 || !parse_num(u[2], &r->us) || !parse_num(u[3], &r->tflops) ||
+      !parse_num(u[4], &r->gbs) || !parse_num(u[5], &r->rel_err) || !parse_i64(u[6], &iters) ||
+      !parse_num(u[7], &r->copy_us))
     return 0;
   mj_strlcpy(r->device, f[0], sizeof r->device);
   mj_strlcpy(r->arch, f[1], sizeof r->arch);
   mj_strlcpy(r->shape, f[2], sizeof r->shape);
-  mj_strlcpy(r->date, t[10], sizeof r->date);
-  mj_strlcpy(r->reason, t[11], sizeof r->reason);
+  mj_strlcpy(r->date, u[8], sizeof r->date);
+  mj_strlcpy(r->reason, u[9], sizeof r->reason);
   r->which = f[3][4] - '0';
   r->hidden = shape[0], r->expert_width = shape[1];
   r->experts = (int32_t)shape[2], r->top_k = (int32_t)shape[3], r->tokens = shape[4];
@@ -176,7 +188,7 @@ static int parse_row(char *line, mj_tune_row *r) {
                              .stages = (int)tile[3],
                              .warps = (int)tile[4],
                              .cluster_m = (int)cluster,
-                             .cluster_n = 1,
+                             .cluster_n = (int)cluster_n,
                              .raster = (moejit_raster)raster,
                              .schedule = (moejit_gemm_schedule)schedule};
   r->status = (mj_tune_status)status;
@@ -232,8 +244,8 @@ static void json_num(mj_buf *b, double v) {
 static void json_cfg(mj_buf *b, const moejit_gemm_cfg *c) {
   mj_buf_printf(b,
                 "\"tile_m\":%d,\"tile_n\":%d,\"tile_k\":%d,\"stages\":%d,\"warps\":%d,"
-                "\"cluster_m\":%d,\"raster\":",
-                c->tile_m, c->tile_n, c->tile_k, c->stages, c->warps, c->cluster_m);
+                "\"cluster_m\":%d,\"cluster_n\":%d,\"raster\":",
+                c->tile_m, c->tile_n, c->tile_k, c->stages, c->warps, c->cluster_m, c->cluster_n);
   json_str(b, c->raster == MOEJIT_RASTER_ALONG_N ? "along_n" : "along_m");
   mj_buf_puts(b, ",\"schedule\":");
   json_str(b, moejit_gemm_schedule_name(c->schedule));

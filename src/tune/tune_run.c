@@ -119,10 +119,11 @@ static moejit_status build_rows(run *r) {
 static uint64_t row_hash(const mj_tune_row *x) {
   uint64_t h = 1469598103934665603ull;
   for (const char *p = x->device; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  const int64_t v[] = {
-      x->which,      x->dtype,     x->hidden,     x->expert_width,  x->experts,     x->top_k,
-      x->tokens,     x->role,      x->path,       x->cfg.tile_m,    x->cfg.tile_n,  x->cfg.tile_k,
-      x->cfg.stages, x->cfg.warps, x->cfg.raster, x->cfg.cluster_m, x->cfg.schedule};
+  const int64_t v[] = {x->which,         x->dtype,       x->hidden,     x->expert_width,
+                       x->experts,       x->top_k,       x->tokens,     x->role,
+                       x->path,          x->cfg.tile_m,  x->cfg.tile_n, x->cfg.tile_k,
+                       x->cfg.stages,    x->cfg.warps,   x->cfg.raster, x->cfg.cluster_m,
+                       x->cfg.cluster_n, x->cfg.schedule};
   for (size_t i = 0; i < MJ_ARRAY_LEN(v); i++) h = mj_tune_mix(h, (uint64_t)v[i]);
   return h;
 }

@@ -75,6 +75,46 @@ Test(cli_tune, dry_run_counts_without_compiling) {
   free(out), free(err);
 }
 
+/* A space listing cluster_n: the dry run counts the validator's cluster
+ * rules under their own reasons; a value outside 1, 2 exits 2 naming it. */
+Test(cli_tune, dry_run_prunes_invalid_clusters) {
+  char *sweep =
+      ts_write_file(tmp, "cn.yaml",
+                    "name: cn\n"
+                    "tokens: [256]\n"
+                    "paths: [wgmma]\n"
+                    "shapes:\n"
+                    "  - {name: odd, hidden: 768, expert_width: 384, experts: 8, top_k: 2}\n"
+                    "spaces:\n"
+                    "  - {tile_m: 128, tile_n: [128, 256], tile_k: 64, stages: 4,\n"
+                    "     cluster_m: [1, 2], cluster_n: [1, 2]}\n");
+  char *out = NULL, *err = NULL;
+  int rc = TUNE(&out, &err, sweep, "--dry-run", "--json");
+  cr_assert_eq(rc, 0, "stderr: %s", err);
+  cr_assert(ts_json_valid(out), "%s", out);
+  /* per kernel: 2 tile_n x 4 cluster shapes; 2x2 twice, odd n-tiles (tile_n 256) once */
+  cr_assert(strstr(out, "\"enumerated\":18,\"pruned\":6,"), "%s", out);
+  cr_assert(strstr(out, "{\"reason\":\"thread-block cluster (2x2)\",\"count\":4}"), "%s", out);
+  cr_assert(strstr(out,
+                   "{\"reason\":\"thread-block cluster (cluster_n 2, odd n-tile "
+                   "count)\",\"count\":2}"),
+            "%s", out);
+  free(out), free(err);
+  char *bad = ts_write_file(tmp, "bad-cn.yaml",
+                            "name: bad\n"
+                            "tokens: [1]\n"
+                            "shapes: [qwen3-30b-a3b]\n"
+                            "spaces:\n"
+                            "  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2, cluster_n: 4}\n");
+  cr_assert_eq(TUNE(&out, &err, bad, "--dry-run"), 2, "stderr: %s", err);
+  cr_assert(strstr(err,
+                   "bad-cn.yaml:5:64: key 'spaces[0].cluster_n': value 4 is not allowed "
+                   "(allowed 1, 2)"),
+            "stderr: %s", err);
+  free(out), free(err);
+  free(sweep), free(bad);
+}
+
 Test(cli_tune, bad_sweep_exits_2_with_position) {
   char *bad = ts_write_file(tmp, "bad.yaml",
                             "name: bad\n"

@@ -137,6 +137,8 @@ Test(codegen, gemm_families_get_their_own_tile) {
   cs_random_spec(&r, &s);
   s.gemm1 = (moejit_gemm_cfg){32, 128, 64, 3, 4, 2, 1, MOEJIT_RASTER_ALONG_N, MOEJIT_SCHEDULE_COOPERATIVE};
   s.gemm2 = (moejit_gemm_cfg){64, 64, 32, 2, 8, 1, 2, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
+  /* cluster_n 2 needs an even n-tile count: hidden / 64 even */
+  s.hidden = (s.hidden + 127) / 128 * 128;
   const moejit_gemm_cfg *cfg[] = {&s.gemm1, &s.gemm2};
   for (int i = 0; i < 2; i++) {
     mj_kernel_source ks = gen_ok(&s, i ? "gemm2" : "gemm1", "sm_90a", GOOD);
@@ -148,6 +150,10 @@ Test(codegen, gemm_families_get_their_own_tile) {
              g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps, g->cluster_m, g->cluster_n,
              (int)g->raster);
     cr_assert(strstr(ks.source, want), "gemm%d lacks\n%s\nin\n%.1500s", i + 1, want, ks.source);
+    /* and as macros, which pick the entries' __cluster_dims__ */
+    snprintf(want, sizeof want, "#define MJ_CLUSTER_M %d\n#define MJ_CLUSTER_N %d\n", g->cluster_m,
+             g->cluster_n);
+    cr_assert(strstr(ks.source, want), "gemm%d lacks\n%s", i + 1, want);
     mj_kernel_source_free(&ks);
   }
   /* The memory-bound families get no GEMM tile (so it stays out of their keys). */

@@ -30,10 +30,23 @@ static const char kSweep[] =
     "  - {paths: [mma], tile_m: [16, 64], tile_n: 128, tile_k: 64, stages: 3}\n"
     "  - {paths: [wgmma], tile_m: [64, 128], tile_n: 128, tile_k: 64, stages: 4, warps: [8, 4]}\n";
 
+/* kSweep with the wgmma space also on CTA pairs along N (both GEMMs have 4
+ * n-tiles of 128 output columns: an even count). */
+static const char kSweepClusterN[] =
+    "name: fake\n"
+    "tokens: [4, 64, 512]\n"
+    "shapes:\n"
+    "  - {name: tiny, hidden: 512, expert_width: 256, experts: 8, top_k: 2}\n"
+    "spaces:\n"
+    "  - {paths: [mma], tile_m: [16, 64], tile_n: 128, tile_k: 64, stages: 3}\n"
+    "  - {paths: [wgmma], tile_m: [64, 128], tile_n: 128, tile_k: 64, stages: 4, warps: [8, 4],\n"
+    "     cluster_n: [1, 2]}\n";
+
 typedef struct fake {
   const char *device;
   int compiles, opens, measures;
   double clock_ms, ms_per_measure;
+  int measures_cn2;         /* of measures, those of cluster_n 2 configs */
   int fail_compile_tile_m;  /* compile fails for this tile_m (0: none) */
   int wrong_tile_m;         /* mma candidates of this tile_m compute garbage */
   int64_t fail_open_tokens; /* open_group fails for this T */
@@ -100,6 +113,7 @@ static moejit_status fake_measure(void *state, const mj_tune_group *g, const moe
   const moejit_gemm_cfg *c = g->which == 1 ? &spec->gemm1 : &spec->gemm2;
   const int ti = g->tokens == 4 ? 0 : g->tokens == 64 ? 1 : 2;
   const int wgmma = path == MOEJIT_GEMM_PATH_WGMMA;
+  f->measures_cn2 += path != MOEJIT_GEMM_PATH_AUTO && c->cluster_n == 2;
   if (f->log_on && f->log_n < 256)
     f->log_path[f->log_n] = path,
     f->log_tile_m[f->log_n++] = path == MOEJIT_GEMM_PATH_AUTO ? 0 : c->tile_m;
@@ -579,6 +593,79 @@ Test(tune_engine, resume_times_nothing_twice) {
   moejit_tune_summary_free(&other);
 }
 
+/* results.csv as a moejit before cluster_n had a column wrote it: that
+ * column (the 20th; 1 in every row then) dropped from every line. */
+static void drop_cluster_n_column(const char *dir) {
+  char *text = slurp(dir, "results.csv");
+  mj_buf b = {0};
+  size_t lines = 0;
+  for (char *line = text; *line; lines++) {
+    char *eol = strchr(line, '\n');
+    char *end = eol ? eol : line + strlen(line), *p = line;
+    for (int commas = 0; commas < 19 && p < end; p++) commas += *p == ',';
+    char *q = memchr(p, ',', (size_t)(end - p));
+    cr_assert(q, "line %zu has no 20th field", lines);
+    *q = '\0';
+    cr_assert_str_eq(p, lines ? "1" : "cluster_n", "line %zu", lines);
+    mj_buf_append(&b, line, (size_t)(p - line));
+    mj_buf_append(&b, q + 1, (size_t)(end - q - 1));
+    mj_buf_puts(&b, "\n");
+    line = eol ? eol + 1 : end;
+  }
+  cr_assert(lines > 1 && !b.oom);
+  mj_buf_puts(&b, ""); /* NUL-terminated */
+  free(ts_write_file(dir, "results.csv", b.data));
+  mj_buf_free(&b);
+  free(text);
+}
+
+/* A results directory of a moejit before cluster_n had a column resumes:
+ * its rows read as cluster_n 1, and a sweep that now lists cluster_n 2
+ * times only those candidates (a cluster_n 2 candidate is not its
+ * cluster_n 1 twin); the results it writes have the column. */
+Test(tune_engine, resume_reads_rows_without_cluster_n) {
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary first, again, third;
+  cr_assert_eq(run(&f, 0, &first), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(f.measures_cn2, 0);
+  drop_cluster_n_column(results);
+  moejit_sweep_destroy(sweep);
+  sweep = NULL;
+  cr_assert_eq(
+      moejit_sweep_load_string(kSweepClusterN, strlen(kSweepClusterN), "fake.yaml", &sweep),
+      MOEJIT_OK, "%s", moejit_last_error());
+  fake f2 = {.wrong_tile_m = 16};
+  cr_assert_eq(run(&f2, 0, &again), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(again.resumed, first.measured + first.wrong, "every old row resumed");
+  cr_assert_eq(f2.measures, 2 * 3 * 2, "wgmma 64 and 128 on cluster_n 2, per kernel and T");
+  cr_assert_eq(f2.measures_cn2, f2.measures, "only cluster_n 2 configs timed");
+  char *text = slurp(results, "results.csv");
+  cr_assert(strstr(text, ",raster,cluster_m,cluster_n,schedule,"), "the new header:\n%s", text);
+  free(text);
+  mj_tune_rows rows;
+  read_results(&rows);
+  cr_assert_eq(rows.n, 6 * 12, "old rows superseded, none doubled: %zu", rows.n);
+  size_t cn2 = 0, cn2_ok = 0, cn2_dup = 0;
+  for (size_t i = 0; i < rows.n; i++) {
+    const mj_tune_row *r = &rows.rows[i];
+    if (r->cfg.cluster_n != 2) continue;
+    cn2++;
+    cn2_ok += r->status == MJ_TS_OK && r->cfg.warps == 8;
+    cn2_dup += r->status == MJ_TS_PRUNED && r->cfg.warps == 4 && strstr(r->reason, " cn2 wgmma");
+  }
+  cr_assert_eq(cn2, 6 * 4, "2 tiles x 2 warps per point");
+  cr_assert_eq(cn2_ok, 6 * 2, "timed");
+  cr_assert_eq(cn2_dup, 6 * 2, "4 warps duplicate 8 warps, cluster_n 2 kept apart");
+  mj_tune_rows_free(&rows);
+  fake f3 = {.wrong_tile_m = 16};
+  cr_assert_eq(run(&f3, 0, &third), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(f3.measures, 0, "the cluster_n 2 rows resume too");
+  cr_assert_eq(third.resumed, again.resumed + (size_t)f2.measures);
+  moejit_tune_summary_free(&first);
+  moejit_tune_summary_free(&again);
+  moejit_tune_summary_free(&third);
+}
+
 /* Results of a run from before AUTO took the GEMV kernel at decode
  * (MOEJIT_GEMM_GEMV=0 stands in for it): a re-run times the new gemv
  * candidates and, since the T=4 heuristic rows named another launch then,
@@ -1015,7 +1102,7 @@ Test(tune_results, every_schedule_round_trips_through_csv_and_json) {
   char *text = slurp(dir, "results.csv");
   for (size_t i = 0; i < MJ_ARRAY_LEN(kNames); i++) {
     char want[64];
-    snprintf(want, sizeof want, ",along_m,1,%s,ok,", kNames[i]);
+    snprintf(want, sizeof want, ",along_m,1,1,%s,ok,", kNames[i]);
     cr_expect_eq(ts_count_substr(text, want), 1, "want '%s' in:\n%s", want, text);
   }
   free(text);
@@ -1065,6 +1152,99 @@ Test(tune_results, rows_without_copy_us_are_not_resumed) {
   cr_assert_eq(mj_tune_read_csv(csv, &back), MOEJIT_OK, "%s", moejit_last_error());
   cr_expect_eq(back.n, 0, "an old row was read back");
   mj_tune_rows_free(&back);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* results.csv has a cluster_n column after cluster_m and results.json a
+ * "cluster_n"; a row reads back with its own cluster_n, and rows that
+ * differ only there are not the same row. A results.csv of a moejit before
+ * that column (29 fields) reads as cluster_n 1, every later field in place. */
+Test(tune_results, cluster_n_round_trips_and_old_rows_read_as_1) {
+  char *dir = ts_mkdtemp("tune-cluster-n");
+  char csv[2048], json[2048];
+  snprintf(csv, sizeof csv, "%s/results.csv", dir);
+  snprintf(json, sizeof json, "%s/results.json", dir);
+  mj_tune_rows rows = {0}, back;
+  moejit_tune_winner w;
+  memset(&w, 0, sizeof w);
+  for (int cn = 1; cn <= 2; cn++) {
+    mj_tune_row r;
+    memset(&r, 0, sizeof r);
+    strcpy(r.device, "Fake GPU");
+    strcpy(r.arch, "sm_90a");
+    strcpy(r.shape, "tiny");
+    strcpy(r.date, "2026-01-01");
+    r.which = 2, r.dtype = MOEJIT_DTYPE_BF16, r.hidden = 512, r.expert_width = 256;
+    r.experts = 8, r.top_k = 2, r.tokens = 512, r.role = MJ_ROLE_CANDIDATE;
+    r.path = MOEJIT_GEMM_PATH_WGMMA, r.status = MJ_TS_OK, r.us = 10 * cn, r.iters = 20;
+    r.cfg = (moejit_gemm_cfg){
+        128, 128, 64, 4, 8, 1, cn, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
+    cr_assert_eq(mj_tune_rows_push(&rows, &r), MOEJIT_OK);
+    if (cn == 2) {
+      strcpy(w.kernel, "gemm2"), strcpy(w.shape, "tiny");
+      w.cfg = r.cfg, w.path = r.path, w.us = r.us, w.tokens = r.tokens;
+    }
+  }
+  cr_assert_not(mj_tune_row_same(&rows.rows[0], &rows.rows[1]), "cluster_n tells them apart");
+  cr_assert_eq(mj_tune_write_csv(&rows, csv), MOEJIT_OK, "%s", moejit_last_error());
+  char *text = slurp(dir, "results.csv");
+  cr_expect(strstr(text, ",raster,cluster_m,cluster_n,schedule,status,"), "header:\n%s", text);
+  cr_expect_eq(ts_count_substr(text, ",along_m,1,1,cooperative,ok,"), 1, "%s", text);
+  cr_expect_eq(ts_count_substr(text, ",along_m,1,2,cooperative,ok,"), 1, "%s", text);
+  free(text);
+  cr_assert_eq(mj_tune_read_csv(csv, &back), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(back.n, 2);
+  for (size_t i = 0; i < back.n; i++) {
+    cr_expect_eq(back.rows[i].cfg.cluster_m, 1, "row %zu", i);
+    cr_expect_eq(back.rows[i].cfg.cluster_n, (int)i + 1, "row %zu", i);
+    cr_expect(mj_tune_row_same(&back.rows[i], &rows.rows[i]), "row %zu", i);
+    cr_expect_float_eq(back.rows[i].us, rows.rows[i].us, 1e-9, "row %zu", i);
+  }
+  mj_tune_rows_free(&back);
+  mj_tune_meta meta = {"s", "Fake GPU", "sm_90a", "12.8", "2026-01-01", 12080};
+  cr_assert_eq(mj_tune_write_json(&rows, &meta, &w, 1, json), MOEJIT_OK, "%s", moejit_last_error());
+  text = slurp(dir, "results.json");
+  cr_assert(ts_json_valid(text), "not JSON:\n%s", text);
+  cr_expect_eq(ts_count_substr(text, "\"cluster_m\":1,\"cluster_n\":1,"), 1, "a row:\n%s", text);
+  cr_expect_eq(ts_count_substr(text, "\"cluster_m\":1,\"cluster_n\":2,"), 2,
+               "the winner and its row:\n%s", text);
+  free(text);
+
+  FILE *f = fopen(csv, "wb");
+  cr_assert(f);
+  fputs(
+      "device,arch,shape,kernel,dtype,hidden,expert_width,experts,top_k,tokens,role,path,"
+      "tile_m,tile_n,tile_k,stages,warps,raster,cluster_m,schedule,status,median_us,tflops,"
+      "gbs,rel_err,iters,copy_us,date,reason\n"
+      "Fake GPU,sm_90a,tiny,gemm2,bf16,512,256,8,2,512,candidate,wgmma,128,128,64,4,8,along_m,1,"
+      "cooperative,ok,10.000,1.500,2.50,0.001,20,0.000,2026-01-01,\n"
+      "Fake GPU,sm_90a,tiny,gemm2,bf16,512,256,8,2,512,candidate,wgmma,128,128,64,4,8,along_n,2,"
+      "pingpong,wrong,0.000,0.000,0.00,0.5,7,1.250,2026-01-02,rel_err 0.5\n",
+      f);
+  fclose(f);
+  cr_assert_eq(mj_tune_read_csv(csv, &back), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(back.n, 2, "old rows read back");
+  const mj_tune_row *a = &back.rows[0], *b = &back.rows[1];
+  cr_expect_eq(a->cfg.cluster_n, 1);
+  cr_expect(mj_tune_row_same(a, &rows.rows[0]), "resumes as the cluster_n 1 candidate");
+  cr_expect_not(mj_tune_row_same(a, &rows.rows[1]), "not as its cluster_n 2 twin");
+  cr_expect_float_eq(a->us, 10, 1e-9);
+  cr_expect_float_eq(a->tflops, 1.5, 1e-9);
+  cr_expect_float_eq(a->gbs, 2.5, 1e-9);
+  cr_expect_eq(a->iters, 20);
+  cr_expect_str_eq(a->date, "2026-01-01");
+  cr_expect_eq(b->cfg.cluster_m, 2);
+  cr_expect_eq(b->cfg.cluster_n, 1);
+  cr_expect_eq(b->cfg.raster, MOEJIT_RASTER_ALONG_N);
+  cr_expect_eq(b->cfg.schedule, MOEJIT_SCHEDULE_PINGPONG);
+  cr_expect_eq(b->status, MJ_TS_WRONG);
+  cr_expect_float_eq(b->rel_err, 0.5, 1e-9);
+  cr_expect_eq(b->iters, 7);
+  cr_expect_float_eq(b->copy_us, 1.25, 1e-9);
+  cr_expect_str_eq(b->date, "2026-01-02");
+  cr_expect_str_eq(b->reason, "rel_err 0.5");
+  mj_tune_rows_free(&rows), mj_tune_rows_free(&back);
   ts_rmtree(dir);
   free(dir);
 }

@@ -422,6 +422,103 @@ Test(tune_sweep, cluster_parameter) {
       "spaces[0].cluster_m", "allowed 1, 2");
 }
 
+/* The explicit candidate (not AUTO's) of a path and cluster shape. */
+static const mj_tune_cand *find_cluster(const mj_tune_plan *p, int which, moejit_gemm_path path,
+                                        int tile_n, int cluster_m, int cluster_n) {
+  for (size_t i = 0; i < p->n; i++) {
+    const mj_tune_cand *c = &p->cands[i];
+    if (!c->heuristic && c->which == which && c->path == path && c->cfg.tile_n == tile_n &&
+        c->cfg.cluster_m == cluster_m && c->cfg.cluster_n == cluster_n)
+      return c;
+  }
+  return NULL;
+}
+
+/* cluster_n is listed like cluster_m: wgmma keeps its pairs along N (a
+ * launch of its own); mma and gemv ignore clusters, so there cluster_n 2
+ * duplicates cluster_n 1. */
+Test(tune_sweep, cluster_n_parameter) {
+  moejit_sweep *sw = load(
+      "name: c\ntokens: [256]\nshapes: [olmoe-1b-7b]\nkernels: [gemm2]\n"
+      "paths: [mma, wgmma, gemv]\n"
+      "spaces:\n  - {tile_m: 128, tile_n: 128, tile_k: 64, stages: 4, cluster_n: [1, 2]}\n"
+      "  - {tile_m: 128, tile_n: 128, tile_k: 64, stages: 4}\n");
+  cr_assert_eq(sw->spaces[0].n_values[MJ_P_CLUSTER_N], 2);
+  cr_assert_eq(sw->spaces[0].values[MJ_P_CLUSTER_N][0], 1);
+  cr_assert_eq(sw->spaces[0].values[MJ_P_CLUSTER_N][1], 2);
+  cr_assert_eq(sw->spaces[1].n_values[MJ_P_CLUSTER_N], 1, "cluster_n defaults to [1]");
+  cr_assert_eq(sw->spaces[1].values[MJ_P_CLUSTER_N][0], 1);
+  mj_tune_plan p;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK);
+  const moejit_gemm_path paths[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
+                                    MOEJIT_GEMM_PATH_GEMV};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(paths); i++) {
+    const char *name = moejit_gemm_path_name(paths[i]);
+    const mj_tune_cand *one = find_cluster(&p, 2, paths[i], 128, 1, 1);
+    const mj_tune_cand *two = find_cluster(&p, 2, paths[i], 128, 1, 2);
+    cr_assert(one && two, "%s: both cluster_n values enumerated", name);
+    if (paths[i] == MOEJIT_GEMM_PATH_WGMMA) {
+      cr_assert(!two->pruned, "wgmma cluster_n 2 is a launch of its own: %s", two->reason);
+    } else {
+      cr_assert(two->pruned && !strcmp(two->category, "duplicate launch plan"),
+                "%s ignores clusters: %s", name, two->category);
+      cr_assert(strstr(two->reason, name), "names the kept %s launch: %s", name, two->reason);
+    }
+  }
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+  load_fails(
+      "name: c\ntokens: [1]\nshapes: [olmoe-1b-7b]\n"
+      "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2, cluster_n: 4}\n",
+      "spaces[0].cluster_n", "allowed 1, 2");
+  load_fails(
+      "name: c\ntokens: [1]\nshapes: [olmoe-1b-7b]\n"
+      "spaces:\n  - {tile_m: 64, tile_n: 64, tile_k: 64, stages: 2, cluster_n: [1, 0]}\n",
+      "t.yaml:5:68: key 'spaces[0].cluster_n'", "value 0 is not allowed (allowed 1, 2)");
+}
+
+/* The validator's cluster rules prune with their own categories: a 2x2
+ * cluster (every cross of cluster_m and cluster_n [1, 2] spans one), and
+ * cluster_n 2 where tile_n leaves an odd n-tile count (here 384 / 128 = 3
+ * for gemm1, 768 / 256 = 3 for gemm2; tile_n 128 gives 6 for both). */
+Test(tune_sweep, invalid_clusters_are_pruned) {
+  moejit_sweep *sw = load(
+      "name: c\ntokens: [256]\nshapes: [olmoe-1b-7b]\nkernels: [gemm2]\npaths: [wgmma]\n"
+      "spaces:\n  - {tile_m: 128, tile_n: 128, tile_k: 64, stages: 4, cluster_m: [1, 2],"
+      " cluster_n: [1, 2]}\n");
+  mj_tune_plan p;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK);
+  const mj_tune_cand *c22 = find_cluster(&p, 2, MOEJIT_GEMM_PATH_WGMMA, 128, 2, 2);
+  cr_assert(c22 && c22->pruned);
+  cr_assert_str_eq(c22->category, "thread-block cluster (2x2)");
+  cr_assert(strstr(c22->reason, "2x2 thread-block cluster is not supported"), "%s", c22->reason);
+  cr_assert_eq(reason_count(&p, "thread-block cluster (2x2)"), 1);
+  const mj_tune_cand *c21 = find_cluster(&p, 2, MOEJIT_GEMM_PATH_WGMMA, 128, 2, 1);
+  const mj_tune_cand *c12 = find_cluster(&p, 2, MOEJIT_GEMM_PATH_WGMMA, 128, 1, 2);
+  cr_assert(c21 && !c21->pruned, "pairs along M: %s", c21 ? c21->reason : "none");
+  cr_assert(c12 && !c12->pruned, "pairs along N: %s", c12 ? c12->reason : "none");
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+
+  sw = load(
+      "name: odd\ntokens: [256]\npaths: [wgmma]\n"
+      "shapes:\n  - {name: odd, hidden: 768, expert_width: 384, experts: 8, top_k: 2}\n"
+      "spaces:\n  - {tile_m: 128, tile_n: [128, 256], tile_k: 64, stages: 4, cluster_n: 2}\n");
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK);
+  for (int which = 1; which <= 2; which++) {
+    const mj_tune_cand *even = find_cluster(&p, which, MOEJIT_GEMM_PATH_WGMMA, 128, 1, 2);
+    const mj_tune_cand *odd = find_cluster(&p, which, MOEJIT_GEMM_PATH_WGMMA, 256, 1, 2);
+    cr_assert(even && !even->pruned, "gemm%d tile_n 128: 6 n-tiles: %s", which,
+              even ? even->reason : "none");
+    cr_assert(odd && odd->pruned, "gemm%d tile_n 256: 3 n-tiles", which);
+    cr_assert_str_eq(odd->category, "thread-block cluster (cluster_n 2, odd n-tile count)");
+    cr_assert(strstr(odd->reason, "an odd number"), "the validator's reason: %s", odd->reason);
+  }
+  cr_assert_eq(reason_count(&p, "odd n-tile count"), 2);
+  mj_tune_plan_free(&p);
+  moejit_sweep_destroy(sw);
+}
+
 Test(tune_sweep, schedule_parameter) {
   moejit_sweep *sw = load(
       "name: s\ntokens: [2048]\nshapes: [olmoe-1b-7b]\nkernels: [gemm1]\npaths: [wgmma]\n"
