@@ -162,7 +162,7 @@ typedef struct moejit_gemm_cfg {
 } moejit_gemm_cfg;
 
 /* A GEMM configuration as reports, the tuner and the CLI print it:
- * "128x256x64 s4 w8", then " along_n", " c2" (cluster_m 2) or " cn2"
+ * "128x256x64 s4 w8", then " along_n", " c2" (cluster_m 2), " cn2"
  * (cluster_n 2) and the
  * schedule's name (cooperative, the default, unnamed) where they apply.
  * Truncated to cap - 1 characters. */

@@ -35,9 +35,10 @@ void moejit_gemm_cfg_text(const moejit_gemm_cfg *c, char *buf, size_t cap) {
   }
   const char *sched =
       c->schedule == MOEJIT_SCHEDULE_COOPERATIVE ? "" : moejit_gemm_schedule_name(c->schedule);
-  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages,
+  snprintf(buf, cap, "%dx%dx%d s%d w%d%s%s%s%s%s", c->tile_m, c->tile_n, c->tile_k, c->stages,
            c->warps, c->raster == MOEJIT_RASTER_ALONG_N ? " along_n" : "",
-           c->cluster_m == 2 ? " c2" : (c->cluster_n == 2 ? " cn2" : ""), *sched ? " " : "", sched);
+           c->cluster_m == 2 ? " c2" : "", c->cluster_n == 2 ? " cn2" : "", *sched ? " " : "",
+           sched);
 }
 
 size_t moejit_dtype_size(moejit_dtype dtype) {

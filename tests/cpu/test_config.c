@@ -696,6 +696,29 @@ Test(config_helpers, summary) {
   cr_assert_str_eq(buf, "deepseek-v3");
 }
 
+/* moejit_gemm_cfg_text names each option that differs from the default,
+ * both clusters apart (a 2x2 cluster is invalid, but a pruned candidate's
+ * name still shows it). */
+Test(config_helpers, gemm_cfg_text) {
+  char buf[96];
+  moejit_gemm_cfg g = {
+      128, 256, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
+  moejit_gemm_cfg_text(&g, buf, sizeof buf);
+  cr_assert_str_eq(buf, "128x256x64 s4 w8");
+  g.cluster_m = 2;
+  moejit_gemm_cfg_text(&g, buf, sizeof buf);
+  cr_assert_str_eq(buf, "128x256x64 s4 w8 c2");
+  g.cluster_m = 1, g.cluster_n = 2, g.raster = MOEJIT_RASTER_ALONG_N;
+  g.schedule = MOEJIT_SCHEDULE_PINGPONG;
+  moejit_gemm_cfg_text(&g, buf, sizeof buf);
+  cr_assert_str_eq(buf, "128x256x64 s4 w8 along_n cn2 pingpong");
+  g.cluster_m = 2;
+  moejit_gemm_cfg_text(&g, buf, sizeof buf);
+  cr_assert_str_eq(buf, "128x256x64 s4 w8 along_n c2 cn2 pingpong");
+  moejit_gemm_cfg_text(&g, buf, 8);
+  cr_assert_str_eq(buf, "128x256");
+}
+
 Test(config_helpers, arch_parse) {
   int a = -1;
   cr_assert_eq(mj_arch_parse("sm_80", &a), 80);
