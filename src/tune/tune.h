@@ -89,7 +89,7 @@ typedef struct mj_tune_cand {
   uint32_t tmask;        /* token counts (bits index shape->tokens) it is timed at */
   int pruned;            /* 1: not compiled or timed */
   char category[96];     /* pruning reason, counted in the summary */
-  char reason[192];      /* the detail written in the results */
+  char reason[384];      /* the detail written in the results */
   int heuristic;         /* 1: added because AUTO resolves to it at some T */
   int unit;              /* compile unit (filled by the engine); -1 none */
 } mj_tune_cand;
@@ -157,7 +157,7 @@ typedef struct mj_tune_row {
   moejit_gemm_cfg cfg;
   /* result */
   mj_tune_status status;
-  char reason[192];
+  char reason[384];
   double us, tflops, gbs, rel_err;
   int iters;
   double copy_us; /* GEMM 1: the permuted copy's charge inside us (0: gathers, or none) */
