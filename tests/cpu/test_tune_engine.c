@@ -21,26 +21,19 @@
  * where AUTO runs the GEMV kernel: its heuristic candidate there is path
  * gemv with the shape's own tile (so no kernel of its own); at T = 64 and
  * 512 AUTO runs the narrow wgmma tile. */
-static const char kSweep[] =
-    "name: fake\n"
-    "tokens: [4, 64, 512]\n"
-    "shapes:\n"
-    "  - {name: tiny, hidden: 512, expert_width: 256, experts: 8, top_k: 2}\n"
-    "spaces:\n"
-    "  - {paths: [mma], tile_m: [16, 64], tile_n: 128, tile_k: 64, stages: 3}\n"
-    "  - {paths: [wgmma], tile_m: [64, 128], tile_n: 128, tile_k: 64, stages: 4, warps: [8, 4]}\n";
+#define SWEEP_SPACES                                                           \
+  "name: fake\n"                                                               \
+  "tokens: [4, 64, 512]\n"                                                     \
+  "shapes:\n"                                                                  \
+  "  - {name: tiny, hidden: 512, expert_width: 256, experts: 8, top_k: 2}\n"   \
+  "spaces:\n"                                                                  \
+  "  - {paths: [mma], tile_m: [16, 64], tile_n: 128, tile_k: 64, stages: 3}\n" \
+  "  - {paths: [wgmma], tile_m: [64, 128], tile_n: 128, tile_k: 64, stages: 4, warps: [8, 4]"
+static const char kSweep[] = SWEEP_SPACES "}\n";
 
 /* kSweep with the wgmma space also on CTA pairs along N (both GEMMs have 4
  * n-tiles of 128 output columns: an even count). */
-static const char kSweepClusterN[] =
-    "name: fake\n"
-    "tokens: [4, 64, 512]\n"
-    "shapes:\n"
-    "  - {name: tiny, hidden: 512, expert_width: 256, experts: 8, top_k: 2}\n"
-    "spaces:\n"
-    "  - {paths: [mma], tile_m: [16, 64], tile_n: 128, tile_k: 64, stages: 3}\n"
-    "  - {paths: [wgmma], tile_m: [64, 128], tile_n: 128, tile_k: 64, stages: 4, warps: [8, 4],\n"
-    "     cluster_n: [1, 2]}\n";
+static const char kSweepClusterN[] = SWEEP_SPACES ",\n     cluster_n: [1, 2]}\n";
 
 typedef struct fake {
   const char *device;
@@ -1064,6 +1057,22 @@ Test(tune_engine, keep_within_keeps_close_entries_and_replaces_the_rest) {
   moejit_tune_summary_free(&again);
 }
 
+/* A measured wgmma row of the smoke shape (512 x 256, 8 experts, top-2,
+ * bf16) on a fake GPU: GEMM `which` at `tokens`, `us` with cfg. */
+static mj_tune_row tiny_wgmma_row(int which, int64_t tokens, double us, moejit_gemm_cfg cfg) {
+  mj_tune_row r;
+  memset(&r, 0, sizeof r);
+  strcpy(r.device, "Fake GPU");
+  strcpy(r.arch, "sm_90a");
+  strcpy(r.shape, "tiny");
+  strcpy(r.date, "2026-01-01");
+  r.which = which, r.dtype = MOEJIT_DTYPE_BF16, r.hidden = 512, r.expert_width = 256;
+  r.experts = 8, r.top_k = 2, r.tokens = tokens, r.role = MJ_ROLE_CANDIDATE;
+  r.path = MOEJIT_GEMM_PATH_WGMMA, r.status = MJ_TS_OK, r.us = us, r.iters = 20;
+  r.cfg = cfg;
+  return r;
+}
+
 /* results.csv and results.json name each schedule (pingpong included) and
  * the CSV reads back to the same value; moejit_gemm_cfg_text names it after the
  * tile (cooperative, the default, unnamed). */
@@ -1080,17 +1089,10 @@ Test(tune_results, every_schedule_round_trips_through_csv_and_json) {
   moejit_tune_winner w[MJ_ARRAY_LEN(kScheds)];
   memset(w, 0, sizeof w);
   for (size_t i = 0; i < MJ_ARRAY_LEN(kScheds); i++) {
-    mj_tune_row r;
-    memset(&r, 0, sizeof r);
-    strcpy(r.device, "Fake GPU");
-    strcpy(r.arch, "sm_90a");
-    strcpy(r.shape, "tiny");
-    strcpy(r.date, "2026-01-01");
-    r.which = 1, r.dtype = MOEJIT_DTYPE_BF16, r.hidden = 512, r.expert_width = 256;
-    r.experts = 8, r.top_k = 2, r.tokens = 64, r.role = MJ_ROLE_CANDIDATE;
-    r.path = MOEJIT_GEMM_PATH_WGMMA, r.status = MJ_TS_OK, r.us = 10 + (double)i, r.iters = 20;
+    mj_tune_row r = tiny_wgmma_row(
+        1, 64, 10 + (double)i,
+        (moejit_gemm_cfg){64, 256, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_M, kScheds[i]});
     r.copy_us = 2.5 * (double)i; /* 0: gathers; else the permuted copy's charge */
-    r.cfg = (moejit_gemm_cfg){64, 256, 64, 4, 8, 1, 1, MOEJIT_RASTER_ALONG_M, kScheds[i]};
     cr_assert_eq(mj_tune_rows_push(&rows, &r), MOEJIT_OK);
     char cfg[96];
     moejit_gemm_cfg_text(&r.cfg, cfg, sizeof cfg);
@@ -1169,17 +1171,10 @@ Test(tune_results, cluster_n_round_trips_and_old_rows_read_as_1) {
   moejit_tune_winner w;
   memset(&w, 0, sizeof w);
   for (int cn = 1; cn <= 2; cn++) {
-    mj_tune_row r;
-    memset(&r, 0, sizeof r);
-    strcpy(r.device, "Fake GPU");
-    strcpy(r.arch, "sm_90a");
-    strcpy(r.shape, "tiny");
-    strcpy(r.date, "2026-01-01");
-    r.which = 2, r.dtype = MOEJIT_DTYPE_BF16, r.hidden = 512, r.expert_width = 256;
-    r.experts = 8, r.top_k = 2, r.tokens = 512, r.role = MJ_ROLE_CANDIDATE;
-    r.path = MOEJIT_GEMM_PATH_WGMMA, r.status = MJ_TS_OK, r.us = 10 * cn, r.iters = 20;
-    r.cfg = (moejit_gemm_cfg){
-        128, 128, 64, 4, 8, 1, cn, MOEJIT_RASTER_ALONG_M, MOEJIT_SCHEDULE_COOPERATIVE};
+    mj_tune_row r =
+        tiny_wgmma_row(2, 512, 10 * cn,
+                       (moejit_gemm_cfg){128, 128, 64, 4, 8, 1, cn, MOEJIT_RASTER_ALONG_M,
+                                         MOEJIT_SCHEDULE_COOPERATIVE});
     cr_assert_eq(mj_tune_rows_push(&rows, &r), MOEJIT_OK);
     if (cn == 2) {
       strcpy(w.kernel, "gemm2"), strcpy(w.shape, "tiny");
