@@ -298,7 +298,9 @@ template <class S> struct mj_wg_smem {
 // few hundred activation rows, which L2 holds. A group does not split an
 // expert of fewer M-tiles than a group (mj_wg_group_start): the M-tiles of
 // an expert split between two groups would read its weights from DRAM
-// twice, a group's worth of items apart.
+// twice, a group's worth of items apart. CTA pairs along N count n-tile
+// pairs and take groups of 2 * kWgGroupM M-tiles (mj_wg_tile's G), so a
+// round still spans about as many weight tiles.
 enum : int { kWgGroupM = 8 };
 
 // Start of group k in M-tiles (table units). Nominally k * kWgGroupM; moved
@@ -388,7 +390,7 @@ template <int TM, int CM, int EXPERTS, int RASTER, int CN = 1>
 __device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *offsets,
                                                    int max_rows, int n_tiles, int w, int rank) {
   // Group g holds items [start(g) * n_tiles, start(g + 1) * n_tiles); with
-  // q = (w / n_tiles) / kWgGroupM, start(q) <= w / n_tiles < start(q + 2),
+  // q = (w / n_tiles) / G, start(q) <= w / n_tiles < start(q + 2),
   // so w's group is q or q + 1.
   constexpr int G = kWgGroupM * CN;  // pairs along N: twice the M-tiles, half the n-tiles
   const int mt0 = w / n_tiles, q = mt0 / G;
