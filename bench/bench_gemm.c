@@ -708,45 +708,42 @@ static void bench_point(moejit_ctx *ctx, const moejit_spec *s, const moejit_mode
   free_sets(ctx, sets, n_sets);
 }
 
-/* --gemm1 / --gemm2 "M,N,K,STAGES,WARPS": tile overrides for every preset
- * (tile sweeps); tile_m 0 = keep the preset's. */
-static moejit_gemm_cfg g_override[2];
+/* --gemm1 / --gemm2 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE[,CLUSTER_N]]]]:
+ * tile overrides for every preset (tile sweeps). tile.tile_m 0 keeps the
+ * preset's tile; raster (0 along M, 1 along N) and schedule (0 cooperative,
+ * 1 pingpong) -1, and cluster_m / cluster_n (1 or 2) 0, keep the spec's. */
+typedef struct tile_override {
+  moejit_gemm_cfg tile;
+  int raster, cluster_m, schedule, cluster_n;
+} tile_override;
+static tile_override g_override[2] = {{.raster = -1, .schedule = -1},
+                                      {.raster = -1, .schedule = -1}};
 
-/* M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE[,CLUSTER_N]]]] (raster 0:
- * along M, 1: along N, -1 keeps the spec's; cluster_m and cluster_n 1 or 2,
- * 0 keeps the spec's; schedule 0 cooperative, 1 pingpong, -1 keeps the
- * spec's) */
-static int g_raster[2] = {-1, -1}, g_cluster[2] = {0, 0}, g_schedule[2] = {-1, -1};
-static int g_cluster_n[2] = {0, 0};
-
-static int parse_tile(const char *text, moejit_gemm_cfg *g, int *raster, int *cluster,
-                      int *schedule, int *cluster_n) {
+static int parse_tile(const char *text, tile_override *o) {
+  moejit_gemm_cfg *g = &o->tile;
   int n = sscanf(text, "%d,%d,%d,%d,%d,%d,%d,%d,%d", &g->tile_m, &g->tile_n, &g->tile_k, &g->stages,
-                 &g->warps, raster, cluster, schedule, cluster_n);
-  return n >= 5 && n <= 9 && *raster >= -1 && *raster <= 1 && *cluster >= 0 && *cluster <= 2 &&
-         *schedule >= -1 && *schedule <= MOEJIT_SCHEDULE_PINGPONG && *cluster_n >= 0 &&
-         *cluster_n <= 2;
+                 &g->warps, &o->raster, &o->cluster_m, &o->schedule, &o->cluster_n);
+  return n >= 5 && n <= 9 && o->raster >= -1 && o->raster <= 1 && o->cluster_m >= 0 &&
+         o->cluster_m <= 2 && o->schedule >= -1 && o->schedule <= MOEJIT_SCHEDULE_PINGPONG &&
+         o->cluster_n >= 0 && o->cluster_n <= 2;
 }
 
-static void apply_override(moejit_gemm_cfg *dst, const moejit_gemm_cfg *o, int raster, int cluster,
-                           int schedule, int cluster_n) {
-  if (raster >= 0) dst->raster = (moejit_raster)raster;
-  if (cluster > 0) dst->cluster_m = cluster;
-  if (cluster_n > 0) dst->cluster_n = cluster_n;
-  if (schedule >= 0) dst->schedule = (moejit_gemm_schedule)schedule;
-  if (!o->tile_m) return;
-  dst->tile_m = o->tile_m, dst->tile_n = o->tile_n, dst->tile_k = o->tile_k;
-  dst->stages = o->stages, dst->warps = o->warps;
+static void apply_override(moejit_gemm_cfg *dst, const tile_override *o) {
+  if (o->raster >= 0) dst->raster = (moejit_raster)o->raster;
+  if (o->cluster_m > 0) dst->cluster_m = o->cluster_m;
+  if (o->cluster_n > 0) dst->cluster_n = o->cluster_n;
+  if (o->schedule >= 0) dst->schedule = (moejit_gemm_schedule)o->schedule;
+  if (!o->tile.tile_m) return;
+  dst->tile_m = o->tile.tile_m, dst->tile_n = o->tile.tile_n, dst->tile_k = o->tile.tile_k;
+  dst->stages = o->tile.stages, dst->warps = o->tile.warps;
 }
 
 static void bench_preset(moejit_ctx *ctx, const char *name, const int64_t *tokens, int n_tokens,
                          int iters, moejit_stream stream) {
   moejit_spec s;
   CHECK(moejit_spec_load_preset(name, &s));
-  apply_override(&s.gemm1, &g_override[0], g_raster[0], g_cluster[0], g_schedule[0],
-                 g_cluster_n[0]);
-  apply_override(&s.gemm2, &g_override[1], g_raster[1], g_cluster[1], g_schedule[1],
-                 g_cluster_n[1]);
+  apply_override(&s.gemm1, &g_override[0]);
+  apply_override(&s.gemm2, &g_override[1]);
   if (moejit_spec_validate(&s) != MOEJIT_OK) {
     printf("# %s: tile override rejected: %s\n", name, moejit_last_error());
     return;
@@ -1126,9 +1123,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--path") && i + 1 < argc && parse_paths(argv[i + 1])) {
       i++;
     } else if ((!strcmp(argv[i], "--gemm1") || !strcmp(argv[i], "--gemm2")) && i + 1 < argc &&
-               parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'], &g_raster[argv[i][6] - '1'],
-                          &g_cluster[argv[i][6] - '1'], &g_schedule[argv[i][6] - '1'],
-                          &g_cluster_n[argv[i][6] - '1'])) {
+               parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'])) {
       i++;
     } else if (!strcmp(argv[i], "--csv") && i + 1 < argc) {
       csv_path = argv[++i];

@@ -263,7 +263,7 @@ typedef mj_wg_narrow<kExperts> Gemm1WgNarrow;
 // gather (kGather): A rows from x by index (common/gemm_wgmma.cuh,
 // mj_wg_produce_gather) instead of the TMA map ta of a permuted copy.
 // sync: rounds in step (common/gemm_wgmma.cuh, mj_wg_round), or NULL.
-template <class S, int CM, bool kGather = false, class Gather = int, int CN = 1>
+template <class S, int CM, int CN, bool kGather = false, class Gather = int>
 __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap *tw,
                                                act_t *__restrict__ h,
                                                const int *__restrict__ offsets, int max_rows,
@@ -306,11 +306,11 @@ __device__ __forceinline__ void mj_gemm1_wgmma(const mj_tmap *ta, const mj_tmap 
           }
         };
     if constexpr (kGather)
-      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM, decltype(w_rows), decltype(epi), true>(
+      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM, CN, true>(
           ta, tw, offsets, max_rows, kNTiles, w_rows, epi, gather);
     else
-      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM, decltype(w_rows), decltype(epi),
-                 false, CN>(ta, tw, offsets, max_rows, kNTiles, w_rows, epi, nullptr, sync);
+      mj_wg_gemm<S, act_t, kHidden, true, kExperts, kRaster, CM, CN>(
+          ta, tw, offsets, max_rows, kNTiles, w_rows, epi, nullptr, sync);
   }
 #else
   __trap(); // not an sm_90a build
@@ -323,8 +323,8 @@ extern "C" __global__ void __launch_bounds__(Gemm1Wg::kThreads, 1) __mj_wg_clust
                               const __grid_constant__ mj_tmap tmap_w, act_t *__restrict__ h,
                               const int *__restrict__ offsets, int max_rows,
                               unsigned *__restrict__ round_sync) {
-  mj_gemm1_wgmma<Gemm1Wg, kWgCluster, false, int, kWgClusterN>(
-      &tmap_a, &tmap_w, h, offsets, max_rows, static_cast<const int *>(nullptr), round_sync);
+  mj_gemm1_wgmma<Gemm1Wg, kWgCluster, kWgClusterN>(&tmap_a, &tmap_w, h, offsets, max_rows,
+                                                   static_cast<const int *>(nullptr), round_sync);
 }
 #endif
 
@@ -341,7 +341,7 @@ moejit_gemm1_swiglu_wgmma_gather(const __grid_constant__ mj_tmap tmap_w, const a
     __trap();  // pairs along N share A by TMA multicast; the host copies A (moejit_gemm1_swiglu)
   } else {
     const mj_wg_gather_src<act_t> g = {x, a_index, a_div, x_rows};
-    mj_gemm1_wgmma<Gemm1Wg, kWgCluster, true>(nullptr, &tmap_w, h, offsets, max_rows, &g);
+    mj_gemm1_wgmma<Gemm1Wg, kWgCluster, 1, true>(nullptr, &tmap_w, h, offsets, max_rows, &g);
   }
 #else
   __trap(); // not an sm_90a build
@@ -353,6 +353,6 @@ moejit_gemm1_swiglu_wgmma_gather(const __grid_constant__ mj_tmap tmap_w, const a
 extern "C" __global__ void __launch_bounds__(Gemm1WgNarrow::kThreads, 1)
 moejit_gemm1_swiglu_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                                  act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
-  mj_gemm1_wgmma<Gemm1WgNarrow, 1>(&tmap_a, &tmap_w, h, offsets, max_rows);
+  mj_gemm1_wgmma<Gemm1WgNarrow, 1, 1>(&tmap_a, &tmap_w, h, offsets, max_rows);
 }
 #endif

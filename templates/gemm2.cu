@@ -261,7 +261,7 @@ moejit_layer_decode_gemm2(const act_t *__restrict__ h, const weight_t *__restric
 typedef mj_wg_shape<kTileM, kTileN, kTileK, kStages, kExperts, kSchedule, 1> Gemm2Wg;
 typedef mj_wg_narrow<kExperts, 1> Gemm2WgNarrow;
 
-template <class S, int CM, int CN = 1>
+template <class S, int CM, int CN>
 __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw,
                                                act_t *__restrict__ y,
                                                const int *__restrict__ offsets,
@@ -276,7 +276,8 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
       *row0 = t.expert * kHidden + t.n_tile * S::kTN; // in W2 [E*d, f]
       *unused = 0;
     };
-    const auto epi =
+    mj_wg_gemm<S, act_t, kExpertWidth, false, kExperts, kRaster, CM, CN>(
+        ta, tw, offsets, max_rows, kNTiles, w_rows,
         [&](float(&acc)[S::kMB][S::kAcc], int c, const mj_gemm_tile &t, unsigned buf) {
           const bool keep = mj_keep_output<act_t>(max_rows, kHidden);
 #pragma unroll
@@ -297,9 +298,7 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
                 },
                 keep);
           }
-        };
-    mj_wg_gemm<S, act_t, kExpertWidth, false, kExperts, kRaster, CM, decltype(w_rows),
-               decltype(epi), false, CN>(ta, tw, offsets, max_rows, kNTiles, w_rows, epi);
+        });
   }
 #else
   __trap(); // not an sm_90a build
@@ -320,6 +319,6 @@ extern "C" __global__ void __launch_bounds__(Gemm2WgNarrow::kThreads, 1)
 moejit_gemm2_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                           act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
                           int max_rows) {
-  mj_gemm2_wgmma<Gemm2WgNarrow, 1>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
+  mj_gemm2_wgmma<Gemm2WgNarrow, 1, 1>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
 }
 #endif

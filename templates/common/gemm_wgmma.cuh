@@ -386,7 +386,7 @@ __device__ __forceinline__ void mj_wg_build_table(int *table, const int *offsets
 // empty tile (row_end == row0: it loads and multiplies, stores nothing).
 // With CN = 2 the schedule counts n-tile pairs (n_tiles is the pair count):
 // rank r takes n-tile 2p + r of pair p, on the same M-tile as its peer.
-template <int TM, int CM, int EXPERTS, int RASTER, int CN = 1>
+template <int TM, int CM, int CN, int EXPERTS, int RASTER>
 __device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *offsets,
                                                    int max_rows, int n_tiles, int w, int rank) {
   // Group g holds items [start(g) * n_tiles, start(g + 1) * n_tiles); with
@@ -447,14 +447,14 @@ __device__ __forceinline__ mj_wg_sched mj_wg_schedule(const int *table, int n_ti
 }
 
 // Item w of the schedule -> its tile (rank, CN: as mj_wg_tile).
-template <class S, int CM, int EXPERTS, int RASTER, bool kSplit, int CN = 1>
+template <class S, int CM, int CN, int EXPERTS, int RASTER, bool kSplit>
 __device__ __forceinline__ mj_gemm_tile mj_wg_item(const mj_wg_sched &q, const int *table,
                                                    const int *offsets, int max_rows, int n_tiles,
                                                    int w, int rank) {
   if (!kSplit || w < q.whole)
-    return mj_wg_tile<S::kTM, CM, EXPERTS, RASTER, CN>(table, offsets, max_rows, n_tiles, w, rank);
+    return mj_wg_tile<S::kTM, CM, CN, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
   const int u = w - q.whole;
-  mj_gemm_tile t = mj_wg_tile<S::kTM, CM, EXPERTS, RASTER, CN>(table, offsets, max_rows, n_tiles,
+  mj_gemm_tile t = mj_wg_tile<S::kTM, CM, CN, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles,
                                                                q.whole + u / 2, rank);
   const int row0 = t.row0 + (u & 1) * S::kWgRows;
   const int end = row0 + S::kWgRows < t.row_end ? row0 + S::kWgRows : t.row_end;
@@ -565,7 +565,7 @@ __device__ __forceinline__ void mj_wg_load_b(unsigned b, const mj_tmap *tw, int 
 // rows, or of 64 rows with kBlockSkip), multicast into both, so A crosses L2
 // once per pair.
 // step (rounds in step, or NULL): its owed wait comes before k-tile kStages.
-template <class S, int K, bool kSplitB, int CM, int CN = 1>
+template <class S, int K, bool kSplitB, int CM, int CN>
 __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
                                               const mj_tmap *ta, const mj_tmap *tw, int a_row0,
                                               int a_rows, int w_row0, int w_row1, unsigned rank,
@@ -851,8 +851,8 @@ __device__ __forceinline__ void mj_wg_store_rows(T *out, long long ld, int row0,
 // them 2: the kernel entry must then carry __cluster_dims__(2, 1, 1) and the
 // grid be a multiple of 2; with CN = 2, n_tiles must be even. sync (no
 // cluster, A by TMA; NULL: off): rounds in step (mj_wg_round).
-template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, class WRows,
-          class Epi, bool kGather = false, int CN = 1>
+template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, int CN,
+          bool kGather = false, class WRows, class Epi>
 __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, const int *offsets,
                                            int max_rows, int n_tiles, const WRows &w_rows,
                                            const Epi &epi,
@@ -908,7 +908,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       mj_wg_gather_rows<S> cur, nxt;
       mj_gemm_tile t = {};
       if (first < items) {
-        t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit, CN>(q, table, offsets, max_rows, n_tiles,
+        t = mj_wg_item<S, CM, CN, EXPERTS, RASTER, kSplit>(q, table, offsets, max_rows, n_tiles,
                                                            first, rank);
         mj_wg_gather_index<S, T>(*gather, t, cur);
       }
@@ -916,7 +916,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       for (int w = first; w < items; w += stride) {
         const bool has_next = w + stride < items;
         const mj_gemm_tile t_next =
-            has_next ? mj_wg_item<S, CM, EXPERTS, RASTER, kSplit, CN>(q, table, offsets, max_rows,
+            has_next ? mj_wg_item<S, CM, CN, EXPERTS, RASTER, kSplit>(q, table, offsets, max_rows,
                                                                       n_tiles, w + stride, rank)
                      : t;
         static_assert(!kSplit, "the gathering producer has no empty items to skip");
@@ -940,7 +940,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
 #pragma unroll 1
       for (int w = first, r = 0; w < items || r < rounds; w += stride, ++r) {
         if (w < items) {
-          const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit, CN>(
+          const mj_gemm_tile t = mj_wg_item<S, CM, CN, EXPERTS, RASTER, kSplit>(
               q, table, offsets, max_rows, n_tiles, w, rank);
           if (!empty(t)) {
             int w_row0, w_row1;
@@ -969,7 +969,7 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
 #pragma unroll 1
     for (int w = first + (S::kPingPong ? c * stride : 0), j = c; w < items;
          w += S::kPingPong ? 2 * stride : stride, j += 2) {
-      const mj_gemm_tile t = mj_wg_item<S, CM, EXPERTS, RASTER, kSplit, CN>(
+      const mj_gemm_tile t = mj_wg_item<S, CM, CN, EXPERTS, RASTER, kSplit>(
           q, table, offsets, max_rows, n_tiles, w, rank);
       if (empty(t)) continue;  // never in ping-pong (no split): the order barriers stay paired
       if (S::kPingPong && j > 0) {
