@@ -1,5 +1,5 @@
 /* moejit_bench_gemm: grouped expert GEMMs (gemm1 + SwiGLU, gemm2) of the
- * presets at several token counts with random uniform routing, timed with
+ * presets at several token counts with random uniform routing (or --routing balanced), timed with
  * CUDA events beside cuBLAS peers measured in the same run (a dense GEMM of
  * equal FLOPs, a per-expert GEMM loop, cublasGemmGroupedBatchedEx); each
  * point against its floor max(FLOPs / dense cuBLAS rate, bytes / 3.0 TB/s)
@@ -71,6 +71,7 @@ static char g_peers_why[PEER_WHY_MAX];
 static int g_n_sets_max, g_iters; /* for the footer */
 static int g_rounds = 3;          /* --rounds */
 static double g_heat_ms = 0;      /* --heat-ms */
+static int g_balanced;            /* --routing balanced */
 
 /* Tuned gemm1 rows that gathered (read x in place): each checked once against the copied
  * run of the same tile on the same set, which must match bit for bit (docs/gemm.md,
@@ -136,7 +137,9 @@ static void *dev_random(moejit_ctx *ctx, size_t bytes) {
   return d;
 }
 
-/* Random uniform routing: each token picks top_k distinct experts. Writes
+/* Random uniform routing: each token picks top_k distinct experts (with
+ * --routing balanced, slot t*k + j takes expert (t*k + j) mod E instead: every
+ * expert gets T*k/E rows, give or take one, and the routing draws nothing). Writes
  * offsets [E+1] and, if `choice` is non-NULL, the picks [T, k] (token t's
  * j-th expert at t*k + j); returns the number of experts with rows. The
  * random draws are the same either way, so a point's routing does not
@@ -149,7 +152,8 @@ static int route_random(const moejit_spec *s, int64_t tokens, int32_t *offsets, 
     for (int j = 0; j < s->top_k; j++) {
       int e, dup;
       do {
-        e = (int)(rng_next() % (uint64_t)s->experts);
+        e = g_balanced ? (int)((t * s->top_k + j) % s->experts)
+                       : (int)(rng_next() % (uint64_t)s->experts);
         dup = 0;
         for (int i = 0; i < j; i++) dup |= picked[i] == e;
       } while (dup);
@@ -837,6 +841,8 @@ static void print_footer(int fallbacks, int met, int gathered) {
   printf("# targets: ok, or the missed ones: floor (time > %.2fx floor), peer (slower than the\n"
          "#   best peer), dense (T*k >= %d and TFLOP/s < %.0f%% of dense). %d of %d rows ok.\n",
          TARGET_FLOOR, TARGET_DENSE_ROWS, 100 * TARGET_DENSE, met, g_n_points);
+  printf("# routing: %s\n",
+         g_balanced ? "balanced (slot t*k + j on expert (t*k + j) mod E)" : "uniform random top-k");
   printf(
       "# timing: median of %d launches, each between its own events, after %.0f ms of the\n"
       "#   same launches (--heat-ms) and %d warm-ups, in each of %d rounds that time ours\n"
@@ -1059,7 +1065,7 @@ static void usage(void) {
       "usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)] "
       "[--rounds N]\n"
       "                         [--heat-ms MS] [--path auto|mma|wgmma|gemv|tuned|both|compare]\n"
-      "                         [--csv FILE] "
+      "                         [--routing uniform|balanced] [--csv FILE] "
       "[--smoke]\n"
       "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE"
       "[,CLUSTER_N]]]]]\n"
@@ -1069,7 +1075,9 @@ static void usage(void) {
       "  preset's)\n"
       "Times gemm1 (+SwiGLU) and gemm2 of each preset (default: mixtral-8x7b,\n"
       "qwen3-30b-a3b, deepseek-v3) at T tokens (default 1,32,256,2048,16384) with random\n"
-      "uniform top-k routing: median of N launches after MS ms of the same launches\n"
+      "uniform top-k routing (--routing balanced: slot t*k + j on expert (t*k + j) mod E,\n"
+      "every expert T*k/E rows, so no expert's last M-tile is short where T*k/E is a tile\n"
+      "multiple): median of N launches after MS ms of the same launches\n"
       "(--heat-ms, default 0; 100 lets the clocks settle under that load, as in a model)\n"
       "and 3 warm-ups, beside cuBLAS peers timed the same way in the same run: dense (one\n"
       "cublasGemmEx of equal FLOPs, which sets the floor), loop (cublasGemmEx per expert)\n"
@@ -1125,6 +1133,13 @@ int main(int argc, char **argv) {
     } else if ((!strcmp(argv[i], "--gemm1") || !strcmp(argv[i], "--gemm2")) && i + 1 < argc &&
                parse_tile(argv[i + 1], &g_override[argv[i][6] - '1'])) {
       i++;
+    } else if (!strcmp(argv[i], "--routing") && i + 1 < argc) {
+      const char *v = argv[++i];
+      if (strcmp(v, "uniform") && strcmp(v, "balanced")) {
+        fprintf(stderr, "moejit_bench_gemm: --routing '%s': uniform or balanced\n", v);
+        return 2;
+      }
+      g_balanced = !strcmp(v, "balanced");
     } else if (!strcmp(argv[i], "--csv") && i + 1 < argc) {
       csv_path = argv[++i];
     } else if (!strcmp(argv[i], "--smoke")) {

@@ -33,8 +33,8 @@ Test(bench_cli, gemm_help_names_its_options) {
   need(BENCH_GEMM);
   char *out = NULL;
   cr_assert_eq(RUN(BENCH_GEMM, &out, NULL, "--help"), 0);
-  const char *options[] = {"--preset", "--tokens", "--iters", "--rounds", "--heat-ms",
-                           "--path",   "--csv",    "--smoke", "--gemm1",  "--gemm2"};
+  const char *options[] = {"--preset",  "--tokens", "--iters", "--rounds", "--heat-ms", "--path",
+                           "--routing", "--csv",    "--smoke", "--gemm1",  "--gemm2"};
   for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
     cr_expect_not_null(strstr(out, options[i]), "--help does not mention %s:\n%s", options[i], out);
   free(out);
@@ -53,6 +53,7 @@ Test(bench_cli, gemm_refuses_bad_arguments_and_says_which) {
       {{"--rounds", "0"}, "--rounds: 1 to"},
       {{"--rounds", "10"}, "--rounds: 1 to"},
       {{"--tokens", "0"}, "each T must be >= 1"},
+      {{"--routing", "random"}, "--routing 'random': uniform or balanced"},
       {{"--no-such-option"}, "usage: moejit_bench_gemm"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
