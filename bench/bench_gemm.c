@@ -1,5 +1,6 @@
 /* moejit_bench_gemm: grouped expert GEMMs (gemm1 + SwiGLU, gemm2) of the
- * presets at several token counts with random uniform routing (or --routing balanced), timed with
+ * presets at several token counts with random uniform routing (or, with
+ * --routing balanced, T*k/E rows an expert), timed with
  * CUDA events beside cuBLAS peers measured in the same run (a dense GEMM of
  * equal FLOPs, a per-expert GEMM loop, cublasGemmGroupedBatchedEx); each
  * point against its floor max(FLOPs / dense cuBLAS rate, bytes / 3.0 TB/s)
