@@ -9,6 +9,7 @@
 
 #include "common/common.h"
 #include "config/config.h"
+#include "ops/gemm.h"
 #include "tune/tune.h"
 
 static const char *const kStatusNames[MJ_TS_COUNT] = {"pending",        "ok",       "pruned",
@@ -40,11 +41,7 @@ int mj_tune_row_same(const mj_tune_row *a, const mj_tune_row *b) {
   return !strcmp(a->device, b->device) && a->which == b->which && a->dtype == b->dtype &&
          a->hidden == b->hidden && a->expert_width == b->expert_width && a->experts == b->experts &&
          a->top_k == b->top_k && a->tokens == b->tokens && a->role == b->role &&
-         a->path == b->path && a->cfg.tile_m == b->cfg.tile_m && a->cfg.tile_n == b->cfg.tile_n &&
-         a->cfg.tile_k == b->cfg.tile_k && a->cfg.stages == b->cfg.stages &&
-         a->cfg.warps == b->cfg.warps && a->cfg.raster == b->cfg.raster &&
-         a->cfg.cluster_m == b->cfg.cluster_m && a->cfg.cluster_n == b->cfg.cluster_n &&
-         a->cfg.schedule == b->cfg.schedule;
+         a->path == b->path && mj_gemm_cfg_equal(&a->cfg, &b->cfg);
 }
 
 /* ---- CSV ------------------------------------------------------------------ */
