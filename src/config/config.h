@@ -150,6 +150,17 @@ const char *mj_arch_allowed(void);
 #define MJ_SCHEDULE_COUNT 2
 extern const char *const mj_schedule_names[MJ_SCHEDULE_COUNT];
 #define MJ_SCHEDULE_ALLOWED "cooperative, pingpong"
+/* Output columns of one GEMM tile: GEMM 1's tile_n counts gate + up rows,
+ * so half of them are h columns; GEMM 2's are y columns. */
+static inline int64_t mj_gemm_out_cols(int which, int64_t tile_n) {
+  return which == 1 ? tile_n / 2 : tile_n;
+}
+/* The n-tiles over n_out output columns (0 for a tile without columns). */
+static inline int64_t mj_gemm_n_tiles(int which, int64_t n_out, int64_t tile_n) {
+  const int64_t cols = mj_gemm_out_cols(which, tile_n);
+  return cols > 0 ? (n_out + cols - 1) / cols : 0;
+}
+
 /* 1 when v is a moejit_gemm_schedule value. */
 static inline int mj_schedule_valid(int64_t v) {
   return v >= 0 && v < MJ_SCHEDULE_COUNT;

@@ -311,8 +311,8 @@ static moejit_status check_clusters(const checker *c, mj_field b, const char *ge
   if (cn == 2) {
     const int g1 = b == MJ_F_GEMM1;
     const int64_t out = val(c, g1 ? MJ_F_EXPERT_WIDTH : MJ_F_HIDDEN);
-    const int64_t tn = val(c, b + MJ_GEMM_TILE_N), cols = g1 ? tn / 2 : tn;
-    const int64_t n_tiles = cols > 0 ? (out + cols - 1) / cols : 0;
+    const int64_t tn = val(c, b + MJ_GEMM_TILE_N), cols = mj_gemm_out_cols(g1 ? 1 : 2, tn);
+    const int64_t n_tiles = mj_gemm_n_tiles(g1 ? 1 : 2, out, tn);
     if (n_tiles % 2 != 0)
       return fail(
           c, gemm,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "config/config.h"
 #include "ops/gemm.h"
 
 /* The SIMT kernels loop over their outputs: more blocks only add launches. */
@@ -264,9 +265,8 @@ static int wg_stages(int want, int stage_bytes, int extra) {
 static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gemm_cfg *g,
                             moejit_gemm_path path, int64_t max_rows, mj_gemm_plan *p) {
   int tm = g->tile_m < 64 ? 64 : g->tile_m, tn = g->tile_n, want = g->stages * g->tile_k / 64;
-  int cols = which == 1 ? tn / 2 : tn;
   int64_t active = max_rows < spec->experts ? max_rows : spec->experts;
-  int64_t ctas = (max_rows / tm + active) * ((p->n_out + cols - 1) / cols);
+  int64_t ctas = (max_rows / tm + active) * mj_gemm_n_tiles(which, p->n_out, tn);
   /* tests: $MOEJIT_GEMM_WGMMA_NARROW "0" never, "1" always */
   int narrow = mj_env_switch("MOEJIT_GEMM_WGMMA_NARROW",
                              path == MOEJIT_GEMM_PATH_AUTO && ctas < MJ_WG_NARROW_CTAS &&
@@ -302,7 +302,7 @@ static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gem
   p->wg_box_a_rows = !pp && tm == 256 ? 64 : (pair_n ? tm / 2 : tm);
   p->wg_box_w_rows = which == 1 || pair_m ? tn / 2 : tn;
   p->w_rows = (int64_t)spec->experts * (which == 1 ? 2 * spec->expert_width : spec->hidden);
-  p->n_tiles = (p->n_out + (which == 1 ? tn / 2 : tn) - 1) / (which == 1 ? tn / 2 : tn);
+  p->n_tiles = (int)mj_gemm_n_tiles(which, p->n_out, tn);
   p->m_slots = (int)(max_rows / tm + spec->experts);
 }
 
@@ -329,8 +329,7 @@ static moejit_status plan_make(const moejit_spec *spec, int which, moejit_gemm_p
   p->n_out = (int)(which == 1 ? spec->expert_width : spec->hidden);
   p->k = (int)(which == 1 ? spec->hidden : spec->expert_width);
   p->threads = (unsigned)g->warps * 32u;
-  int out_cols_per_tile = which == 1 ? g->tile_n / 2 : g->tile_n;
-  p->n_tiles = (p->n_out + out_cols_per_tile - 1) / out_cols_per_tile;
+  p->n_tiles = (int)mj_gemm_n_tiles(which, p->n_out, g->tile_n);
   int64_t blocks;
   if (use_gemv) {
     blocks = fill_gemv_plan(spec, which, max_rows, p);

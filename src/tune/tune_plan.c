@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "config/config.h"
 #include "ops/gemm.h"
 #include "tune/tune.h"
 
@@ -143,8 +144,8 @@ static const char *divisibility(const moejit_spec *s, int which, const moejit_ge
   int64_t n = which == 1 ? s->expert_width : s->hidden,
           k = which == 1 ? s->hidden : s->expert_width;
   const int gemv = path == MOEJIT_GEMM_PATH_GEMV;
-  int cols = gemv ? (which == 1 ? MJ_GEMV1_COLS : MJ_GEMV2_COLS)
-                  : (which == 1 ? g->tile_n / 2 : g->tile_n);
+  int cols =
+      gemv ? (which == 1 ? MJ_GEMV1_COLS : MJ_GEMV2_COLS) : (int)mj_gemm_out_cols(which, g->tile_n);
   int step = gemv ? 8 : path == MOEJIT_GEMM_PATH_WGMMA ? 64 : g->tile_k;
   if (n % cols) {
     snprintf(detail, cap, "divisibility: %lld output columns are not a multiple of the tile's %d",

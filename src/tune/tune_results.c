@@ -65,7 +65,7 @@ static void csv_clean(const char *s, char *out, size_t cap) {
 }
 
 static void csv_row(mj_buf *b, const mj_tune_row *r) {
-  char device[256], reason[384];
+  char device[sizeof r->device], reason[sizeof r->reason];
   csv_clean(r->device, device, sizeof device);
   csv_clean(r->reason, reason, sizeof reason);
   mj_buf_printf(b, "%s,%s,%s,gemm%d,%s,%" PRId64 ",%" PRId64 ",%d,%d,%" PRId64 ",%s,%s,", device,
