@@ -40,10 +40,11 @@ typedef struct mj_gemm_plan {
  * tiles in step (moejit_gemm_args.round_sync; docs/gemm.md "Rounds in
  * step"): args->round_sync given, the wgmma kernel on the spec's tile,
  * cooperative (not ping-pong), no clusters, A read in row order (not
- * gathering), tile_m >= 128 and max_rows >= 2 * tile_m * experts (two
- * M-tiles an expert on average: CTAs share weight tiles). Where the tiles
- * stream weights (64 rows, one M-tile an expert) the barrier measured
- * slower. $MOEJIT_GEMM_ROUND_SYNC=0 turns it off, =1 on wherever the
+ * gathering), tile_m >= 128 and max_rows >= tile_m * experts (a tile's
+ * rows an expert on average, so about half the experts or more have two
+ * M-tiles or more: CTAs share weight tiles). Where the tiles stream
+ * weights (64 rows, or fewer rows than a tile an expert) the barrier
+ * measured slower. $MOEJIT_GEMM_ROUND_SYNC=0 turns it off, =1 on wherever the
  * kernel can (any tile_m and row count: tests). */
 int mj_gemm1_rounds_in_step(const moejit_spec *spec, const moejit_gemm_args *args,
                             const mj_gemm_plan *plan);

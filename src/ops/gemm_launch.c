@@ -61,7 +61,7 @@ int mj_gemm1_rounds_in_step(const moejit_spec *spec, const moejit_gemm_args *arg
   if (!spec || !args || !plan || !args->round_sync || !plan->use_wgmma || plan->wg_narrow ||
       plan->wg_pingpong || plan->wg_cluster != 1 || args->a_index)
     return 0;
-  const int want = plan->tile_m >= 128 && args->max_rows >= 2LL * plan->tile_m * spec->experts;
+  const int want = plan->tile_m >= 128 && args->max_rows >= (int64_t)plan->tile_m * spec->experts;
   return mj_env_switch("MOEJIT_GEMM_ROUND_SYNC", want);
 }
 

@@ -582,8 +582,10 @@ Test(gemm, wgmma_rounds_in_step) {
   moejit_spec s = make_spec(1288, 648, 8, MOEJIT_DTYPE_BF16, tiles[0]);
   mj_gemm_plan p;
   cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_WGMMA, rows, "sm_90a", &p), MOEJIT_OK);
-  moejit_gemm_args a = {.max_rows = 2 * 128 * 8 - 1, .round_sync = sync};
-  cr_expect(!mj_gemm1_rounds_in_step(&s, &a, &p), "under two M-tiles an expert");
+  moejit_gemm_args a = {.max_rows = 128 * 8 - 1, .round_sync = sync};
+  cr_expect(!mj_gemm1_rounds_in_step(&s, &a, &p), "under a tile's rows an expert");
+  a.max_rows = 128 * 8;
+  cr_expect(mj_gemm1_rounds_in_step(&s, &a, &p), "a tile's rows an expert");
   a.max_rows = rows;
   a.a_index = (const int32_t *)sync;
   cr_expect(!mj_gemm1_rounds_in_step(&s, &a, &p), "gathering");
