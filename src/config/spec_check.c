@@ -309,19 +309,18 @@ static moejit_status check_clusters(const checker *c, mj_field b, const char *ge
                 "cluster_n = 1, pairs sharing weight tiles, or cluster_m = 1 with cluster_n = 2, "
                 "pairs sharing activation tiles); HINT: set one of them to 1");
   if (cn == 2) {
-    const int g1 = b == MJ_F_GEMM1;
-    const int64_t out = val(c, g1 ? MJ_F_EXPERT_WIDTH : MJ_F_HIDDEN);
-    const int64_t tn = val(c, b + MJ_GEMM_TILE_N), cols = mj_gemm_out_cols(g1 ? 1 : 2, tn);
-    const int64_t n_tiles = mj_gemm_n_tiles(g1 ? 1 : 2, out, tn);
+    const int g1 = b == MJ_F_GEMM1, which = g1 ? 1 : 2;
+    const mj_field out_field = g1 ? MJ_F_EXPERT_WIDTH : MJ_F_HIDDEN;
+    const int64_t out = val(c, out_field);
+    const int64_t tn = val(c, b + MJ_GEMM_TILE_N), cols = mj_gemm_out_cols(which, tn);
+    const int64_t n_tiles = mj_gemm_n_tiles(which, out, tn);
     if (n_tiles % 2 != 0)
-      return fail(
-          c, gemm,
-          INVOLVED(b + MJ_GEMM_CLUSTER_N, b + MJ_GEMM_TILE_N, g1 ? MJ_F_EXPERT_WIDTH : MJ_F_HIDDEN),
-          "cluster_n = 2 pairs CTAs on consecutive n-tiles, but %s = %lld makes %lld "
-          "n-tiles of %lld output columns (tile_n %lld%s), an odd number; HINT: choose a "
-          "tile_n that gives an even count, or set cluster_n to 1",
-          g1 ? "model.expert_width" : "model.hidden", (long long)out, (long long)n_tiles,
-          (long long)cols, (long long)tn, g1 ? " / 2: gate and up" : "");
+      return fail(c, gemm, INVOLVED(b + MJ_GEMM_CLUSTER_N, b + MJ_GEMM_TILE_N, out_field),
+                  "cluster_n = 2 pairs CTAs on consecutive n-tiles, but %s = %lld makes %lld "
+                  "n-tiles of %lld output columns (tile_n %lld%s), an odd number; HINT: choose a "
+                  "tile_n that gives an even count, or set cluster_n to 1",
+                  g1 ? "model.expert_width" : "model.hidden", (long long)out, (long long)n_tiles,
+                  (long long)cols, (long long)tn, g1 ? " / 2: gate and up" : "");
   }
   for (int i = 0; i < c->s->n_archs; i++) {
     int cc = mj_arch_parse(c->s->archs[i], NULL);
