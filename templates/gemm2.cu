@@ -246,11 +246,12 @@ __device__ __forceinline__ void mj_decode_gemm2(const AT *__restrict__ h, const 
 }
 
 #if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm2)
-extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
-moejit_layer_decode_gemm2(const act_t *__restrict__ h, const weight_t *__restrict__ w,
-                          const int *__restrict__ topk_ids, const float *__restrict__ topk_weights,
-                          int tokens, out_t *__restrict__ out, float *__restrict__ part,
-                          unsigned *__restrict__ counters) {
+extern "C" __global__ void __launch_bounds__(kGemvThreads, kDecode2BlocksPerSm)
+    moejit_layer_decode_gemm2(const act_t *__restrict__ h, const weight_t *__restrict__ w,
+                              const int *__restrict__ topk_ids,
+                              const float *__restrict__ topk_weights, int tokens,
+                              out_t *__restrict__ out, float *__restrict__ part,
+                              unsigned *__restrict__ counters) {
   mj_decode_gemm2(h, w, topk_ids, topk_weights, tokens, out, part, counters);
 }
 #endif

@@ -86,6 +86,13 @@ int mj_gemm_gemv_enabled(void);
 /* The decode layer's GEMM 1 units (templates/gemm1.cu kDecode1Cols: h
  * columns); its GEMM 2 units are MJ_GEMV2_COLS columns. */
 #define MJ_DECODE1_COLS 1
+/* Resident blocks an SM of the decode layer's GEMM 2 launch
+ * (templates/common/gemm_gemv.cuh kDecode2BlocksPerSm): 4 where an expert
+ * holds one row at most (MOEJIT_GEMV_PASS_ROWS / top_k tokens <= 1; its k
+ * picks are distinct experts), MJ_GEMV_BLOCKS_PER_SM otherwise. */
+static inline int mj_decode2_blocks_per_sm(int top_k) {
+  return top_k > 0 && MOEJIT_GEMV_PASS_ROWS / top_k <= 1 ? 4 : MJ_GEMV_BLOCKS_PER_SM;
+}
 
 /* Why the wgmma kernel cannot run `which` of spec (any arch), or NULL. */
 const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which);

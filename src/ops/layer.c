@@ -371,10 +371,10 @@ int moejit_moe_gemm1_gathers(const moejit_model *m, int64_t tokens) {
 }
 
 /* Blocks of MJ_GEMV_WARPS warps for `units` work units: as many rounds as
- * the resident warps (MJ_GEMV_BLOCKS_PER_SM per SM) need, and every warp
- * with the same number of units. */
-static unsigned decode_blocks(const moejit_model *m, int64_t units) {
-  const int64_t resident = (int64_t)mj_ctx_sm_count(m->ctx) * MJ_GEMV_BLOCKS_PER_SM * MJ_GEMV_WARPS;
+ * the resident warps (per_sm blocks per SM) need, and every warp with the
+ * same number of units. */
+static unsigned decode_blocks(const moejit_model *m, int64_t units, int per_sm) {
+  const int64_t resident = (int64_t)mj_ctx_sm_count(m->ctx) * per_sm * MJ_GEMV_WARPS;
   const int64_t rounds = (units + resident - 1) / resident;
   const int64_t warps = rounds > 0 ? (units + rounds - 1) / rounds : 1;
   return (unsigned)((warps + MJ_GEMV_WARPS - 1) / MJ_GEMV_WARPS);
@@ -411,8 +411,11 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   const int64_t entries = a->tokens * s->top_k;
   const int64_t active = entries < s->experts ? entries : s->experts;
   const unsigned block[3] = {MJ_GEMV_WARPS * 32u, 1, 1};
-  const unsigned grid1[3] = {decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS)), 1, 1};
-  const unsigned grid2[3] = {decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS)), 1, 1};
+  const unsigned grid1[3] = {
+      decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS), MJ_GEMV_BLOCKS_PER_SM), 1, 1};
+  const unsigned grid2[3] = {
+      decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS), mj_decode2_blocks_per_sm(s->top_k)), 1,
+      1};
   int prefetch = decode_prefetch();
   void *p1[] = {&logits, &bias, &x, &w1, &h, &ids, &weights, &tokens, &counters, &w2, &prefetch};
   void *p2[] = {&h, &w2, &ids, &weights, &tokens, &out, &part, &counters};

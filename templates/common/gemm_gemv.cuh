@@ -178,13 +178,24 @@ __device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const Rows
 }
 
 // unit.run<R>(e, g, where, rows) with R the power of two >= rows (1, 2, 4
-// or 8): `where` is the first row (permuted rows) or the packed entries.
+// or 8, at most MAX: only those unit sizes are built): `where` is the first
+// row (permuted rows) or the packed entries.
+template <int MAX, class Unit, typename Where>
+__device__ __forceinline__ void mj_gemv_run_upto(const Unit &unit, int e, int g, Where where,
+                                                 int rows) {
+  if (MAX == 1 || rows == 1)
+    unit.template run<1>(e, g, where, rows);
+  else if (MAX == 2 || rows == 2)
+    unit.template run<2>(e, g, where, rows);
+  else if (MAX == 4 || rows <= 4)
+    unit.template run<4>(e, g, where, rows);
+  else
+    unit.template run<8>(e, g, where, rows);
+}
+
 template <class Unit, typename Where>
 __device__ __forceinline__ void mj_gemv_run(const Unit &unit, int e, int g, Where where, int rows) {
-  if (rows == 1) unit.template run<1>(e, g, where, rows);
-  else if (rows == 2) unit.template run<2>(e, g, where, rows);
-  else if (rows <= 4) unit.template run<4>(e, g, where, rows);
-  else unit.template run<8>(e, g, where, rows);
+  mj_gemv_run_upto<8>(unit, e, g, where, rows);
 }
 
 // The persistent loop: unit u = (active expert u / groups, column group
@@ -219,6 +230,23 @@ __device__ __forceinline__ void mj_gemv_for_each(const int *offsets, int max_row
 // directly; GEMM 2 writes fp32 partial rows per entry and the warp that
 // completes a column group combines it. No align, no permutation, no
 // combine launch (docs/layer.md, "Decode").
+
+// The most rows an expert holds in the decode layer: one per token (its k
+// picks are distinct experts), kGemvPassRows / kTopK tokens, as a power of
+// two; 1 where k = 8, so only one-row units are built there.
+enum : int {
+  kDecodeMaxRows = kGemvPassRows / kTopK >= 8   ? 8
+                   : kGemvPassRows / kTopK >= 4 ? 4
+                   : kGemvPassRows / kTopK >= 2 ? 2
+                                                : 1
+};
+
+// Resident blocks an SM the decode layer's GEMM 2 launch is built for
+// (src/ops/gemm.h mirrors it: mj_decode2_blocks_per_sm): four where its
+// units are one row, whose code then fits 64 registers; two otherwise.
+// At four, qwen3-30b-a3b and olmoe-1b-7b have one unit a warp, all of
+// GEMM 2's W2 loads in flight in one round.
+enum : int { kDecode2BlocksPerSm = kDecodeMaxRows == 1 ? 4 : 2 };
 
 // The active experts of the entries, in order of first appearance, each
 // with its entries packed (mj_gemv_rows_entries) and its row count; returns
@@ -266,7 +294,7 @@ __device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, 
 #pragma unroll 1
   for (int u = blockIdx.x + gridDim.x * (threadIdx.x / 32); u < units; u += stride) {
     const int a = u / groups;
-    mj_gemv_run(unit, list[a], u % groups, packed[a], rows[a]);
+    mj_gemv_run_upto<kDecodeMaxRows>(unit, list[a], u % groups, packed[a], rows[a]);
   }
   hook.after(list, active);
 }
