@@ -89,9 +89,12 @@ int mj_gemm_gemv_enabled(void);
 /* Resident blocks an SM of the decode layer's GEMM 2 launch
  * (templates/common/gemm_gemv.cuh kDecode2BlocksPerSm): 4 where an expert
  * holds one row at most (MOEJIT_GEMV_PASS_ROWS / top_k tokens <= 1; its k
- * picks are distinct experts), MJ_GEMV_BLOCKS_PER_SM otherwise. */
-static inline int mj_decode2_blocks_per_sm(int top_k) {
-  return top_k > 0 && MOEJIT_GEMV_PASS_ROWS / top_k <= 1 ? 4 : MJ_GEMV_BLOCKS_PER_SM;
+ * picks are distinct experts) and the units number at most 4096,
+ * MJ_GEMV_BLOCKS_PER_SM otherwise. */
+static inline int mj_decode2_blocks_per_sm(int top_k, int64_t hidden) {
+  const int one_row = top_k > 0 && MOEJIT_GEMV_PASS_ROWS / top_k <= 1;
+  return one_row && hidden / MJ_GEMV2_COLS * MOEJIT_GEMV_PASS_ROWS <= 4096 ? 4
+                                                                           : MJ_GEMV_BLOCKS_PER_SM;
 }
 
 /* Why the wgmma kernel cannot run `which` of spec (any arch), or NULL. */

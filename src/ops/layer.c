@@ -413,9 +413,9 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   const unsigned block[3] = {MJ_GEMV_WARPS * 32u, 1, 1};
   const unsigned grid1[3] = {
       decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS), MJ_GEMV_BLOCKS_PER_SM), 1, 1};
-  const unsigned grid2[3] = {
-      decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS), mj_decode2_blocks_per_sm(s->top_k)), 1,
-      1};
+  const unsigned grid2[3] = {decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS),
+                                           mj_decode2_blocks_per_sm(s->top_k, s->hidden)),
+                             1, 1};
   int prefetch = decode_prefetch();
   void *p1[] = {&logits, &bias, &x, &w1, &h, &ids, &weights, &tokens, &counters, &w2, &prefetch};
   void *p2[] = {&h, &w2, &ids, &weights, &tokens, &out, &part, &counters};

@@ -243,10 +243,14 @@ enum : int {
 
 // Resident blocks an SM the decode layer's GEMM 2 launch is built for
 // (src/ops/gemm.h mirrors it: mj_decode2_blocks_per_sm): four where its
-// units are one row, whose code then fits 64 registers; two otherwise.
-// At four, qwen3-30b-a3b and olmoe-1b-7b have one unit a warp, all of
-// GEMM 2's W2 loads in flight in one round.
-enum : int { kDecode2BlocksPerSm = kDecodeMaxRows == 1 ? 4 : 2 };
+// units are one row, whose code then fits 64 registers, and number at most
+// 4096 (8 experts x kHidden / kGemv2Cols, kHidden <= 2048): qwen3-30b-a3b
+// and olmoe-1b-7b then have one unit a warp, all of GEMM 2's W2 loads in
+// flight in one round on an H100. Two otherwise (deepseek-v3's 14336 units
+// ran 2 µs slower at four).
+enum : int {
+  kDecode2BlocksPerSm = kDecodeMaxRows == 1 && kHidden / kGemv2Cols * kGemvPassRows <= 4096 ? 4 : 2
+};
 
 // The active experts of the entries, in order of first appearance, each
 // with its entries packed (mj_gemv_rows_entries) and its row count; returns
