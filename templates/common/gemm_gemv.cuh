@@ -232,14 +232,9 @@ __device__ __forceinline__ void mj_gemv_for_each(const int *offsets, int max_row
 // combine launch (docs/layer.md, "Decode").
 
 // The most rows an expert holds in the decode layer: one per token (its k
-// picks are distinct experts), kGemvPassRows / kTopK tokens, as a power of
-// two; 1 where k = 8, so only one-row units are built there.
-enum : int {
-  kDecodeMaxRows = kGemvPassRows / kTopK >= 8   ? 8
-                   : kGemvPassRows / kTopK >= 4 ? 4
-                   : kGemvPassRows / kTopK >= 2 ? 2
-                                                : 1
-};
+// picks are distinct experts), kGemvPassRows / kTopK tokens (a power of two
+// for every k <= 8); 1 where k >= 5, so only one-row units are built there.
+enum : int { kDecodeMaxRows = mj_pow2_floor(kGemvPassRows / kTopK) };
 
 // Resident blocks an SM the decode layer's GEMM 2 launch is built for
 // (src/ops/gemm.h mirrors it: mj_decode2_blocks_per_sm): four where its
