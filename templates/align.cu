@@ -38,15 +38,18 @@ __device__ __forceinline__ int bin_of(int expert, int first, int last) {
 // --- 1. count -------------------------------------------------------------
 // A block counts one chunk of kChunkEntries consecutive entries; each warp
 // takes kCountBatch runs of 32 in order, with a private histogram in shared
-// memory (dynamic: kWarps * kBins ints). __match_any_sync groups the lanes of
-// equal bins: a lane's rank is the bin's count so far plus its equal lanes
-// below it, which is entry order. The warps' histograms are then scanned so
-// that each rank becomes the rank inside the block's chunk, and the chunk's
-// histogram goes to chunk_counts [chunks][kBins].
+// memory (dynamic: kWarps * kBins ints). Ballots group the lanes of equal
+// bins (mj_match_any_bits on bin + 1: an entry past the end, bin -1, is a
+// value of its own): a lane's rank is the bin's count so far plus its equal
+// lanes below it, which is entry order. The warps' histograms are then
+// scanned so that each rank becomes the rank inside the block's chunk, and
+// the chunk's histogram goes to chunk_counts [chunks][kBins].
 enum : int { kWarps = kBlockThreads / 32 };
 enum : int { kCountBatch = 8 };
 // Mirrored by src/ops (mj_align_chunk_entries), which sizes the workspace.
 enum : int { kChunkEntries = kBlockThreads * kCountBatch };
+
+enum : int { kMatchBits = mj_bit_width(kBins) };  // bin + 1 is in 0..kBins
 
 // Counts chunk `chunk` (blockDim.x == kBlockThreads): each entry's rank
 // inside the chunk goes to chunk_rank, the chunk's histogram to
@@ -74,7 +77,7 @@ __device__ __forceinline__ void count_chunk(const int *__restrict__ topk_ids, in
   int rank[kCountBatch];
 #pragma unroll
   for (int b = 0; b < kCountBatch; ++b) {
-    const unsigned peers = __match_any_sync(MJ_FULL_MASK, bin[b]);
+    const unsigned peers = mj_match_any_bits<kMatchBits>((unsigned)(bin[b] + 1));
     const int before = bin[b] >= 0 ? hist[bin[b]] : 0;
     __syncwarp();
     if (bin[b] >= 0 && lane == __ffs(peers) - 1) hist[bin[b]] = before + __popc(peers);

@@ -254,9 +254,12 @@ __device__ __forceinline__ int mj_decode_experts(const int *ids, int entries, in
                                                  unsigned *packed, int *rows, int *count) {
   if (threadIdx.x < 32) {
     const int lane = mj_lane_id();
-    const int id = lane < entries ? ids[lane] : -1 - lane; // padding: unique, invalid
+    const int id = lane < entries ? ids[lane] : -1;
     const bool valid = lane < entries && id >= 0 && id < kExperts;
-    const unsigned same = __match_any_sync(MJ_FULL_MASK, id);
+    // invalid ids and padding share the value kExperts; only valid lanes use
+    // their mask
+    const unsigned same =
+        mj_match_any_bits<mj_bit_width(kExperts)>(valid ? (unsigned)id : (unsigned)kExperts);
     const bool first = valid && __ffs(same) - 1 == lane;
     const unsigned firsts = __ballot_sync(MJ_FULL_MASK, first);
     if (first) {
