@@ -11,6 +11,11 @@
 //   moejit_align_scan     one block: chunk bases, counts, offsets, tiles;
 //   moejit_align_scatter  per tile of tokens: rows, inverse map, and x copied
 //                         once per token into its k rows.
+// Two when a few chunks hold every entry (1 < chunks <= kScanScatterChunks):
+//   moejit_align_count         unchanged;
+//   moejit_align_scan_scatter  each block scans the chunks' histograms
+//                              itself, block 0 writes offsets and tiles,
+//                              then the scatter, with the same outputs.
 // Two when one chunk holds every entry (T*k <= kChunkEntries, the small-T
 // case where launch latency is the whole cost):
 //   moejit_align_count_scan  one block: the count of the single chunk, then
@@ -50,6 +55,11 @@ enum : int { kCountBatch = 8 };
 enum : int { kChunkEntries = kBlockThreads * kCountBatch };
 
 enum : int { kMatchBits = mj_bit_width(kBins) };  // bin + 1 is in 0..kBins
+
+// The count kernels launch `__launch_bounds__(kBlockThreads, 1)`: one block
+// an SM is plenty for a grid of a few chunks, and without the 1 ptxas held
+// 1024-thread blocks to 32 registers and spilled (64 registers with it, no
+// spills).
 
 // Counts chunk `chunk` (blockDim.x == kBlockThreads): each entry's rank
 // inside the chunk goes to chunk_rank, the chunk's histogram to
@@ -103,7 +113,7 @@ __device__ __forceinline__ void count_chunk(const int *__restrict__ topk_ids, in
     if (bin[b] >= 0) chunk_rank[begin + 32 * b] = hist[bin[b]] + rank[b];
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
     moejit_align_count(const int *__restrict__ topk_ids, int entries, int expert_first,
                        int expert_last, int *__restrict__ chunk_counts,
                        int *__restrict__ chunk_rank) {
@@ -269,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // below are static, sized by kBins, not by the block). The chunk's histogram
 // is the bin totals; its base in every bin is 0, which is what the scan
 // leaves in chunk_counts [1][kBins] for one chunk and what the scatter reads.
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
     moejit_align_count_scan(const int *__restrict__ topk_ids, int entries, int expert_first,
                             int expert_last, int tile_capacity, int *__restrict__ chunk_counts,
                             int *__restrict__ chunk_rank, int *__restrict__ expert_counts,
@@ -326,16 +336,16 @@ __device__ __forceinline__ void copy_tile(const act_t *__restrict__ x, act_t *__
 }
 
 // Blocks loop over tiles of row_tiling::kTokens tokens. Row of an entry =
-// offset of its bin + base of its chunk in the bin + its rank in the chunk.
-// x and xs NULL: indices only.
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    moejit_align_scatter(const int *__restrict__ topk_ids, int tokens, int expert_first,
-                         int expert_last, const int *__restrict__ chunk_base,
-                         const int *__restrict__ chunk_rank, const int *__restrict__ expert_offsets,
-                         int *__restrict__ sorted_slot, int *__restrict__ row_of,
-                         const act_t *__restrict__ x, act_t *__restrict__ xs) {
+// offset of its bin + base of its chunk in the bin + its rank in the chunk:
+// offsets [kBins] and chunk_base [chunks][kBins] (global or shared). x and
+// xs NULL: indices only. `rows`: shared, kTokens * kTopK ints.
+__device__ __forceinline__ void scatter_tiles(const int *__restrict__ topk_ids, int tokens,
+                                              int expert_first, int expert_last,
+                                              const int *chunk_base, const int *chunk_rank,
+                                              const int *offsets, int *__restrict__ sorted_slot,
+                                              int *__restrict__ row_of, const act_t *__restrict__ x,
+                                              act_t *__restrict__ xs, int *rows) {
   constexpr int kTileTokens = row_tiling::kTokens;
-  __shared__ int rows[kTileTokens * kTopK];
   for (long long tile = blockIdx.x; tile * kTileTokens < tokens; tile += gridDim.x) {
     const int t0 = (int)(tile * kTileTokens);
     const int n_tok = min(kTileTokens, tokens - t0);
@@ -343,8 +353,8 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
       const int entry = t0 * kTopK + q;
       const int bin = bin_of(__ldg(topk_ids + entry), expert_first, expert_last);
       const int chunk = entry / kChunkEntries;
-      const int row = __ldg(expert_offsets + bin) +
-                      __ldg(chunk_base + (size_t)chunk * kBins + bin) + __ldg(chunk_rank + entry);
+      const int row =
+          offsets[bin] + chunk_base[(size_t)chunk * kBins + bin] + __ldg(chunk_rank + entry);
       const bool kept = bin != kDroppedBin;
       row_of[entry] = kept ? row : -1;
       sorted_slot[row] = kept ? entry : -1;
@@ -354,4 +364,63 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     if (x != nullptr) copy_tile(x, xs, rows, t0, n_tok);
     __syncthreads();  // rows is rewritten by the next tile
   }
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    moejit_align_scatter(const int *__restrict__ topk_ids, int tokens, int expert_first,
+                         int expert_last, const int *__restrict__ chunk_base,
+                         const int *__restrict__ chunk_rank, const int *__restrict__ expert_offsets,
+                         int *__restrict__ sorted_slot, int *__restrict__ row_of,
+                         const act_t *__restrict__ x, act_t *__restrict__ xs) {
+  __shared__ int rows[row_tiling::kTokens * kTopK];
+  scatter_tiles(topk_ids, tokens, expert_first, expert_last, chunk_base, chunk_rank, expert_offsets,
+                sorted_slot, row_of, x, xs, rows);
+}
+
+// --- 2 + 3 fused, for a few chunks -----------------------------------------
+// 1 < chunks <= kScanScatterChunks (mirrored by src/ops,
+// MJ_ALIGN_SCAN_SCATTER_CHUNKS), after moejit_align_count: every block
+// scans the chunks' histograms itself, in shared memory (dynamic: chunks *
+// kBins ints), into the chunk bases and bin offsets the scatter reads, so
+// the scan needs no launch of its own; block 0 also writes the counts,
+// offsets and tile list (the scan's second half). A few chunks keep each
+// block's extra reads small (8 x 129 ints for qwen3-30b-a3b at T = 2048).
+// Every output is the three launches'; chunk_counts keep the histograms
+// (the three launches leave the bases there).
+enum : int { kScanScatterChunks = 8 };
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    moejit_align_scan_scatter(const int *__restrict__ topk_ids, int tokens, int expert_first,
+                              int expert_last, int chunks, int tile_capacity,
+                              const int *__restrict__ chunk_counts,
+                              const int *__restrict__ chunk_rank, int *__restrict__ expert_counts,
+                              int *__restrict__ expert_offsets, int *__restrict__ tile_expert,
+                              int *__restrict__ tile_row_start, int *__restrict__ num_tiles,
+                              int *__restrict__ sorted_slot, int *__restrict__ row_of,
+                              const act_t *__restrict__ x, act_t *__restrict__ xs) {
+  extern __shared__ int chunk_base[];  // [chunks][kBins]
+  __shared__ int offsets[kBins + 1];
+  __shared__ int tile_base[kExperts + 1];
+  __shared__ int warp_sums[33];
+  __shared__ int rows[row_tiling::kTokens * kTopK];
+  for (int i = threadIdx.x; i < chunks * kBins; i += blockDim.x)
+    chunk_base[i] = __ldg(chunk_counts + i);
+  __syncthreads();
+  for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+    int run = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int v = chunk_base[c * kBins + b];
+      chunk_base[c * kBins + b] = run;
+      run += v;
+    }
+    offsets[b] = run;
+  }
+  __syncthreads();
+  if (blockIdx.x == 0)
+    write_offsets_and_tiles(offsets, tile_base, warp_sums, tile_capacity, expert_counts,
+                            expert_offsets, tile_expert, tile_row_start, num_tiles);
+  else
+    block_exclusive_scan(offsets, kBins, warp_sums);
+  scatter_tiles(topk_ids, tokens, expert_first, expert_last, chunk_base, chunk_rank, offsets,
+                sorted_slot, row_of, x, xs, rows);
 }

@@ -1,6 +1,7 @@
 /* moejit_align: checks the arguments, then the launches of
  * templates/align.cu: count, scan, scatter + copy; or, when one chunk holds
- * every entry, the fused count + scan then scatter + copy. Plus the
+ * every entry, the fused count + scan then scatter + copy; or, for a few
+ * chunks, count then the fused scan + scatter + copy. Plus the
  * workspace and tile-list size queries. Workspace layout: chunk_counts
  * [chunks][E+1] int32, then (256-byte aligned) chunk_rank [T*k] int32. */
 #include <stdlib.h>
@@ -140,6 +141,13 @@ static moejit_status launch_scan(const moejit_model *m, align_launch *l, const m
   return mj_ctx_launch(m->ctx, m->align_scan, grid, block, 0, stream, params);
 }
 
+/* The scatter's blocks loop over tiles of tokens (mj_row_tile_tokens). */
+static unsigned scatter_grid(const moejit_model *m, const align_launch *l) {
+  const int tile_tokens = mj_row_tile_tokens(m->spec.hidden, moejit_dtype_size(m->spec.act_dtype),
+                                             m->spec.align.block_threads);
+  return mj_tile_grid(m, (l->tokens + tile_tokens - 1) / tile_tokens);
+}
+
 static moejit_status launch_scatter(const moejit_model *m, align_launch *l,
                                     const moejit_align_args *a, moejit_stream stream) {
   const int32_t *offsets = a->expert_offsets;
@@ -149,12 +157,37 @@ static moejit_status launch_scatter(const moejit_model *m, align_launch *l,
   void *params[] = {
       &l->ids, &l->tokens, &l->first, &l->last, &l->chunk_counts, &l->chunk_rank, &offsets,
       &sorted, &row_of,    &x,        &xs};
-  const int tile_tokens = mj_row_tile_tokens(m->spec.hidden, moejit_dtype_size(m->spec.act_dtype),
-                                             m->spec.align.block_threads);
-  const int64_t tiles = (l->tokens + tile_tokens - 1) / tile_tokens;
-  const unsigned grid[3] = {mj_tile_grid(m, tiles), 1, 1};
+  const unsigned grid[3] = {scatter_grid(m, l), 1, 1};
   const unsigned block[3] = {(unsigned)m->spec.align.block_threads, 1, 1};
   return mj_ctx_launch(m->ctx, m->align_scatter, grid, block, 0, stream, params);
+}
+
+/* The scan and the scatter in one launch, for a few chunks: every block
+ * scans the chunks' histograms (dynamic shared memory, chunks x (E+1)
+ * ints); block 0 writes counts, offsets and tiles. */
+static moejit_status launch_scan_scatter(const moejit_model *m, align_launch *l,
+                                         const moejit_align_args *a, moejit_stream stream) {
+  int32_t *counts = a->expert_counts, *offsets = a->expert_offsets;
+  int32_t *tile_expert = a->tile_expert, *tile_row = a->tile_row_start, *n_tiles = a->num_tiles;
+  int32_t *sorted = a->sorted_slot, *row_of = a->row_of;
+  const void *x = a->x;
+  void *xs = a->xs;
+  void *params[] = {
+      &l->ids,          &l->tokens,     &l->first, &l->last, &l->chunks,   &l->tile_capacity,
+      &l->chunk_counts, &l->chunk_rank, &counts,   &offsets, &tile_expert, &tile_row,
+      &n_tiles,         &sorted,        &row_of,   &x,       &xs};
+  const unsigned grid[3] = {scatter_grid(m, l), 1, 1};
+  const unsigned block[3] = {(unsigned)m->spec.align.block_threads, 1, 1};
+  const unsigned smem = (unsigned)l->chunks * (unsigned)(m->spec.experts + 1) * sizeof(int32_t);
+  return mj_ctx_launch(m->ctx, m->align_scan_scatter, grid, block, smem, stream, params);
+}
+
+/* Two launches instead of three when a few count blocks hold every entry
+ * (1 < chunks <= MJ_ALIGN_SCAN_SCATTER_CHUNKS): the scan runs inside the
+ * scatter. $MOEJIT_ALIGN_FUSED=0 asks for three (tests compare them). */
+static int scan_in_scatter(const align_launch *l) {
+  if (l->chunks < 2 || l->chunks > MJ_ALIGN_SCAN_SCATTER_CHUNKS) return 0;
+  return mj_env_switch("MOEJIT_ALIGN_FUSED", 1);
 }
 
 /* Two launches instead of three when one count block holds every entry
@@ -185,6 +218,9 @@ moejit_status moejit_align(const moejit_model *model, const moejit_align_args *a
   };
   if (fused(model, &l)) {
     if ((st = launch_count_scan(model, &l, args, stream))) return st;
+  } else if (scan_in_scatter(&l)) {
+    if ((st = launch_count(model, &l, stream))) return st;
+    return launch_scan_scatter(model, &l, args, stream);
   } else {
     if ((st = launch_count(model, &l, stream))) return st;
     if ((st = launch_scan(model, &l, args, stream))) return st;

@@ -29,6 +29,8 @@ static const kernel_entry kernel_entries[] = {
     {MJ_OPS_ALIGN, "align", "moejit_align_scan", offsetof(moejit_model, align_scan)},
     {MJ_OPS_ALIGN, "align", "moejit_align_scatter", offsetof(moejit_model, align_scatter)},
     {MJ_OPS_ALIGN, "align", "moejit_align_count_scan", offsetof(moejit_model, align_count_scan)},
+    {MJ_OPS_ALIGN, "align", "moejit_align_scan_scatter",
+     offsetof(moejit_model, align_scan_scatter)},
     {MJ_OPS_COMBINE, "combine", "moejit_combine_rows", offsetof(moejit_model, combine)},
     {MJ_OPS_EP, "ep", "moejit_ep_mask", offsetof(moejit_model, ep_mask)},
     {MJ_OPS_EP, "ep", "moejit_ep_scan", offsetof(moejit_model, ep_scan)},

@@ -125,7 +125,8 @@ struct moejit_model {
   int sm_count;
   CUfunction route_topk;
   CUfunction align_count, align_scan, align_scatter;
-  CUfunction align_count_scan; /* count + scan fused, for one chunk */
+  CUfunction align_count_scan;   /* count + scan fused, for one chunk */
+  CUfunction align_scan_scatter; /* scan + scatter fused, for a few chunks */
   /* 1: the fused kernel's shared memory exceeds the device's limit where the
    * count's alone fits (large E and block); align keeps three launches. */
   int align_unfused;
@@ -184,6 +185,9 @@ moejit_status mj_model_fail(const moejit_model *model, moejit_status status);
 #define MJ_ALIGN_COUNT_BATCH 8
 /* moejit_align_scan runs as one block of this many threads. */
 #define MJ_ALIGN_SCAN_THREADS 1024
+/* templates/align.cu: kScanScatterChunks, the most chunks for which
+ * moejit_align_scan_scatter replaces the scan and the scatter. */
+#define MJ_ALIGN_SCAN_SCATTER_CHUNKS 8
 
 int64_t mj_align_chunk_entries(const moejit_spec *spec);
 int64_t mj_align_chunks(const moejit_spec *spec, int64_t tokens);

@@ -7,7 +7,9 @@
  * sizes, fp32/fp16/bf16 rows; outputs poisoned before each run, two runs
  * bitwise identical; bad arguments refused. Where one chunk holds every
  * entry (count and scan fused into one launch), the same checks, and the
- * fused path bit for bit equal to the three launches (MOEJIT_ALIGN_FUSED=0). */
+ * fused path bit for bit equal to the three launches (MOEJIT_ALIGN_FUSED=0);
+ * and for 2 to MJ_ALIGN_SCAN_SCATTER_CHUNKS chunks (scan and scatter in
+ * one launch) likewise. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -316,27 +318,44 @@ Test(align_gpu, skewed_empty_and_invalid_ids) {
   free(ids);
 }
 
-/* run_and_check on the fused path (count + scan in one launch) and on the
- * three launches (MOEJIT_ALIGN_FUSED=0), with the same ids and the same x;
- * then the two paths' outputs, xs and workspace (chunk bases and ranks, as
- * the scatter reads them) compared bit for bit. */
+/* The paths check_both_paths compares with the three launches. */
+typedef enum {
+  PATH_COUNT_SCAN,  /* one chunk: count + scan, then the scatter */
+  PATH_SCAN_SCATTER /* 2 to MJ_ALIGN_SCAN_SCATTER_CHUNKS chunks: count, then scan + scatter */
+} align_path;
+
+/* run_and_check on one path and on the three launches
+ * (MOEJIT_ALIGN_FUSED=0), with the same ids and the same x; then the two
+ * paths' outputs, xs and workspace compared bit for bit. The workspace's
+ * chunk ranks are equal; its chunk_counts hold the chunk bases after the
+ * three launches and after count + scan, and the histograms after scan +
+ * scatter, whose column-wise exclusive sums must then be those bases. */
 static void check_both_paths(const moejit_model *m, align_bufs *b, int64_t tokens,
-                             const int32_t *ids, int first, int last, ts_rng *r, const char *what) {
+                             const int32_t *ids, int first, int last, ts_rng *r, align_path path,
+                             const char *what) {
   const moejit_spec *s = moejit_model_spec(m);
-  cr_assert_eq(mj_align_chunks(s, tokens), 1, "%s: %lld tokens take more than one chunk", what,
-               (long long)tokens);
-  cr_assert(!m->align_unfused, "%s: the fused kernel does not fit this device", what);
+  const int64_t chunks = mj_align_chunks(s, tokens);
+  if (path == PATH_COUNT_SCAN) {
+    cr_assert_eq(chunks, 1, "%s: %lld tokens take more than one chunk", what, (long long)tokens);
+    cr_assert(!m->align_unfused, "%s: the fused kernel does not fit this device", what);
+  } else {
+    cr_assert(chunks >= 2 && chunks <= MJ_ALIGN_SCAN_SCATTER_CHUNKS,
+              "%s: %lld tokens take %lld chunks", what, (long long)tokens, (long long)chunks);
+  }
   const ref_align_shape shape = shape_for(s, tokens, first, last);
   const int64_t n = tokens * s->top_k;
   const size_t xs_bytes = b->xs ? (size_t)n * row_bytes(s) : 0;
-  const size_t ws_used = mj_align_rank_offset(s, tokens) + (size_t)n * 4;
+  const size_t rank_at = mj_align_rank_offset(s, tokens), ws_used = rank_at + (size_t)n * 4;
   cr_assert_leq(ws_used, b->ws_bytes);
   const ts_rng start = *r;
   ref_align_out out[2];
   void *xs[2] = {NULL, NULL}, *ws[2];
-  for (int i = 0; i < 2; i++) { /* 0: fused, 1: three launches */
+  for (int i = 0; i < 2; i++) { /* 0: the path, 1: three launches */
     char w[192];
-    snprintf(w, sizeof w, "%.160s, %s", what, i ? "three launches" : "fused");
+    snprintf(w, sizeof w, "%.160s, %s", what,
+             i                         ? "three launches"
+             : path == PATH_COUNT_SCAN ? "count + scan"
+                                       : "scan + scatter");
     *r = start; /* the same x */
     setenv("MOEJIT_ALIGN_FUSED", i ? "0" : "1", 1);
     run_and_check(m, b, tokens, ids, first, last, r, w);
@@ -351,8 +370,22 @@ static void check_both_paths(const moejit_model *m, align_bufs *b, int64_t token
   cr_assert(same_out(s, tokens, &out[0], &out[1]), "%s: the fused path and three launches differ",
             what);
   cr_assert(!xs_bytes || !memcmp(xs[0], xs[1], xs_bytes), "%s: xs differs between the paths", what);
-  cr_assert(!memcmp(ws[0], ws[1], ws_used),
-            "%s: the workspace (chunk bases, ranks) differs between the paths", what);
+  if (path == PATH_SCAN_SCATTER) { /* histograms -> bases, per bin over the chunks */
+    const int bins = s->experts + 1;
+    int32_t *cells = ws[0];
+    for (int bin = 0; bin < bins; bin++) {
+      int32_t run = 0;
+      for (int64_t c = 0; c < chunks; c++) {
+        const int32_t v = cells[c * bins + bin];
+        cells[c * bins + bin] = run;
+        run += v;
+      }
+    }
+  }
+  cr_assert(!memcmp(ws[0], ws[1], rank_at),
+            "%s: the chunk bases differ between the paths (workspace)", what);
+  cr_assert(!memcmp((char *)ws[0] + rank_at, (char *)ws[1] + rank_at, (size_t)n * 4),
+            "%s: the chunk ranks differ between the paths (workspace)", what);
   for (int i = 0; i < 2; i++) {
     ref_align_out_free(&out[i]);
     free(xs[i]);
@@ -415,7 +448,8 @@ Test(align_gpu, one_chunk_fuses_count_and_scan) {
         snprintf(what, sizeof what, "E=%d k=%d block=%d T=%lld %s", E, k, s->align.block_threads,
                  (long long)T, one_chunk_patterns[p]);
         one_chunk_ids(p, &r, T, k, E, ids);
-        check_both_paths(models[i], &b, T, ids, ranged ? E / 4 : 0, ranged ? E / 2 : 0, &r, what);
+        check_both_paths(models[i], &b, T, ids, ranged ? E / 4 : 0, ranged ? E / 2 : 0, &r,
+                         PATH_COUNT_SCAN, what);
       }
       bufs_free(&b);
     }
@@ -426,6 +460,62 @@ Test(align_gpu, one_chunk_fuses_count_and_scan) {
              s->align.block_threads, (long long)(most + 1));
     ops_random_ids(&r, most + 1, k, E, ids);
     run_and_check(models[i], &b, most + 1, ids, 0, 0, &r, what);
+    bufs_free(&b);
+    free(ids);
+    moejit_model_destroy(models[i]);
+  }
+}
+
+/* 2 to MJ_ALIGN_SCAN_SCATTER_CHUNKS chunks run count, then scan + scatter
+ * in one launch: two chunks (one entry past the first), a partial and a
+ * full last chunk, the most chunks, over E / k / block shapes (E = 256
+ * with 1024-thread blocks; a top-k that does not divide the chunk; a
+ * one-warp block; a 64-row tile), with and without the copy of x, and
+ * skewed, empty, invalid and dropped ids, each against the reference and
+ * bit for bit against the three launches. One chunk more takes three. */
+Test(align_gpu, a_few_chunks_fuse_scan_and_scatter) {
+  OPS_REQUIRE_GPU();
+  enum { NS = 4 };
+  moejit_spec specs[NS] = {ops_spec(128, 8, 256), ops_spec(64, 3, 256), ops_spec(256, 8, 512),
+                           ops_spec(16, 4, 264)};
+  specs[0].align.block_threads = 256;
+  specs[2].gemm1.tile_m = 64;
+  specs[3].align.block_threads = 32; /* one warp: chunks of 256 entries */
+  specs[3].act_dtype = MOEJIT_DTYPE_FP16;
+  moejit_model *models[NS];
+  ops_load_models(specs, NS, MJ_OPS_ALIGN, models);
+  ts_rng r = ts_rng_fresh("align-scan-scatter");
+  for (int i = 0; i < NS; i++) {
+    const moejit_spec *s = &specs[i];
+    const int E = s->experts, k = s->top_k;
+    const int64_t chunk = mj_align_chunk_entries(s);
+    const int64_t most = MJ_ALIGN_SCAN_SCATTER_CHUNKS * chunk / k; /* the largest T */
+    const int64_t tokens[] = {chunk / k + 1, (5 * chunk / 2) / k, 3 * chunk / k, most};
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)((most + 8) * k));
+    cr_assert(ids);
+    for (size_t t = 0; t < MJ_ARRAY_LEN(tokens); t++) {
+      const int64_t T = tokens[t];
+      const int with_x = t % 2 == 0; /* the copy, or indices only */
+      align_bufs b = bufs_alloc(models[i], T, with_x);
+      for (int p = 0; p < (int)MJ_ARRAY_LEN(one_chunk_patterns); p++) {
+        const int ranged = p == 4;
+        char what[160];
+        snprintf(what, sizeof what, "E=%d k=%d block=%d T=%lld%s %s", E, k, s->align.block_threads,
+                 (long long)T, with_x ? " +copy" : "", one_chunk_patterns[p]);
+        one_chunk_ids(p, &r, T, k, E, ids);
+        check_both_paths(models[i], &b, T, ids, ranged ? E / 4 : 0, ranged ? E / 2 : 0, &r,
+                         PATH_SCAN_SCATTER, what);
+      }
+      bufs_free(&b);
+    }
+    const int64_t past = (MJ_ALIGN_SCAN_SCATTER_CHUNKS * chunk + k) / k; /* one chunk more */
+    cr_assert_eq(mj_align_chunks(s, past), MJ_ALIGN_SCAN_SCATTER_CHUNKS + 1);
+    align_bufs b = bufs_alloc(models[i], past, 1);
+    char what[160];
+    snprintf(what, sizeof what, "E=%d k=%d block=%d T=%lld (%d chunks)", E, k,
+             s->align.block_threads, (long long)past, MJ_ALIGN_SCAN_SCATTER_CHUNKS + 1);
+    ops_random_ids(&r, past, k, E, ids);
+    run_and_check(models[i], &b, past, ids, 0, 0, &r, what);
     bufs_free(&b);
     free(ids);
     moejit_model_destroy(models[i]);
