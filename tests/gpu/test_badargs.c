@@ -524,6 +524,7 @@ static moejit_model *fake_model(moejit_ctx *ctx, const moejit_spec *spec, unsign
   m->align_scatter = (CUfunction)(uintptr_t)0x4000;
   m->combine = (CUfunction)(uintptr_t)0x5000;
   m->align_count_scan = (CUfunction)(uintptr_t)0x6000;
+  m->align_scan_scatter = (CUfunction)(uintptr_t)0x7000;
   return m;
 }
 
@@ -582,25 +583,39 @@ Test(badargs_nogpu, good_calls_reach_the_driver) {
 }
 
 /* Align fuses count and scan (two launches) while one chunk holds every
- * entry, and launches three from the next entry on, or when asked to with
- * MOEJIT_ALIGN_FUSED=0, or when the model found the fused kernel too large
- * for the device's shared memory. */
+ * entry, then scan and scatter (two launches) up to
+ * MJ_ALIGN_SCAN_SCATTER_CHUNKS chunks, and launches three from the next
+ * entry on, or when asked to with MOEJIT_ALIGN_FUSED=0; one chunk also
+ * takes three when the model found the fused count + scan too large for
+ * the device's shared memory. */
 Test(badargs_nogpu, align_fuses_count_and_scan_for_one_chunk) {
   moejit_spec spec;
   fixture f = fake_fixture(&spec);
-  const int64_t one_chunk = mj_align_chunk_entries(&spec) / spec.top_k;
+  const int64_t chunk = mj_align_chunk_entries(&spec);
+  const int64_t one_chunk = chunk / spec.top_k;
+  const int64_t few = MJ_ALIGN_SCAN_SCATTER_CHUNKS * chunk / spec.top_k;
   moejit_align_args a = f.align;
   a.workspace_bytes = SIZE_MAX; /* fake buffers: sized for any T */
   a.tokens = one_chunk;
   expect_launched(moejit_align(f.ops, &a, NULL), 2, "align of the largest T of one chunk");
   a.tokens = one_chunk + 1;
-  expect_launched(moejit_align(f.ops, &a, NULL), 3, "align of one entry past a chunk");
+  expect_launched(moejit_align(f.ops, &a, NULL), 2, "align of one entry past a chunk");
+  a.tokens = few;
+  expect_launched(moejit_align(f.ops, &a, NULL), 2, "align of the largest T of a few chunks");
+  a.tokens = few + 1;
+  expect_launched(moejit_align(f.ops, &a, NULL), 3, "align of one chunk more");
+  for (int64_t t = 1; t <= few; t += few - 1) {
+    char what[96];
+    a.tokens = t;
+    setenv("MOEJIT_ALIGN_FUSED", "0", 1);
+    snprintf(what, sizeof what, "align at T = %lld, MOEJIT_ALIGN_FUSED=0", (long long)t);
+    expect_launched(moejit_align(f.ops, &a, NULL), 3, what);
+    setenv("MOEJIT_ALIGN_FUSED", "1", 1);
+    snprintf(what, sizeof what, "align at T = %lld, MOEJIT_ALIGN_FUSED=1", (long long)t);
+    expect_launched(moejit_align(f.ops, &a, NULL), 2, what);
+    unsetenv("MOEJIT_ALIGN_FUSED");
+  }
   a.tokens = 1;
-  setenv("MOEJIT_ALIGN_FUSED", "0", 1);
-  expect_launched(moejit_align(f.ops, &a, NULL), 3, "align at T = 1, MOEJIT_ALIGN_FUSED=0");
-  setenv("MOEJIT_ALIGN_FUSED", "1", 1);
-  expect_launched(moejit_align(f.ops, &a, NULL), 2, "align at T = 1, MOEJIT_ALIGN_FUSED=1");
-  unsetenv("MOEJIT_ALIGN_FUSED");
   f.ops->align_unfused = 1;
   expect_launched(moejit_align(f.ops, &a, NULL), 3, "align at T = 1, fused kernel too large");
   fake_fixture_free(&f);
