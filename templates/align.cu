@@ -61,6 +61,22 @@ enum : int { kMatchBits = mj_bit_width(kBins) };  // bin + 1 is in 0..kBins
 // 1024-thread blocks to 32 registers and spilled (64 registers with it, no
 // spills).
 
+// Per bin of a [rows][kBins] matrix in shared memory, by the whole block:
+// each cell becomes the sum of the cells above it in its column (an
+// exclusive scan down the column), and the column's total goes to
+// total[bin]. The caller synchronizes after.
+__device__ __forceinline__ void scan_bin_columns(int *cells, int rows, int *total) {
+  for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+    int run = 0;
+    for (int r = 0; r < rows; ++r) {
+      const int v = cells[r * kBins + b];
+      cells[r * kBins + b] = run;
+      run += v;
+    }
+    total[b] = run;
+  }
+}
+
 // Counts chunk `chunk` (blockDim.x == kBlockThreads): each entry's rank
 // inside the chunk goes to chunk_rank, the chunk's histogram to
 // chunk_hist [kBins] (global, or shared). warp_hist: the dynamic shared
@@ -97,16 +113,7 @@ __device__ __forceinline__ void count_chunk(const int *__restrict__ topk_ids, in
   __syncthreads();
 
   // Per bin, exclusive over warps: warp w's base is the count of warps < w.
-  for (int b = threadIdx.x; b < kBins; b += kBlockThreads) {
-    int run = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const int v = warp_hist[w * kBins + b];
-      warp_hist[w * kBins + b] = run;
-      run += v;
-    }
-    chunk_hist[b] = run;
-  }
+  scan_bin_columns(warp_hist, kWarps, chunk_hist);
   __syncthreads();
 #pragma unroll
   for (int b = 0; b < kCountBatch; ++b)
@@ -179,15 +186,7 @@ __device__ void scan_chunk_columns(int *__restrict__ chunk_counts, int chunks, i
     part_base[cell] = sum;
   }
   __syncthreads();
-  for (int bin = threadIdx.x; bin < kBins; bin += blockDim.x) {
-    int run = 0;
-    for (int part = 0; part < parts; ++part) {
-      const int v = part_base[part * kBins + bin];
-      part_base[part * kBins + bin] = run;
-      run += v;
-    }
-    bin_total[bin] = run;
-  }
+  scan_bin_columns(part_base, parts, bin_total);
   __syncthreads();
   for (int cell = threadIdx.x; cell < cells; cell += blockDim.x) {
     const int bin = cell % kBins, part = cell / kBins;
@@ -406,15 +405,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   for (int i = threadIdx.x; i < chunks * kBins; i += blockDim.x)
     chunk_base[i] = __ldg(chunk_counts + i);
   __syncthreads();
-  for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
-    int run = 0;
-    for (int c = 0; c < chunks; ++c) {
-      const int v = chunk_base[c * kBins + b];
-      chunk_base[c * kBins + b] = run;
-      run += v;
-    }
-    offsets[b] = run;
-  }
+  scan_bin_columns(chunk_base, chunks, offsets);
   __syncthreads();
   if (blockIdx.x == 0)
     write_offsets_and_tiles(offsets, tile_base, warp_sums, tile_capacity, expert_counts,
