@@ -171,9 +171,9 @@ __device__ __forceinline__ void mj_gemm1_gemv(const AT *__restrict__ a, const WT
 }
 
 #if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_gemv)
-extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
-moejit_gemm1_swiglu_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ h,
-                         const int *__restrict__ offsets, int max_rows) {
+extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
+    moejit_gemm1_swiglu_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w,
+                             act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
   mj_gemm1_gemv(a, w, h, offsets, max_rows);
 }
 #endif
@@ -239,11 +239,13 @@ __device__ __forceinline__ void mj_decode_gemm1_units(const AT *__restrict__ x, 
 }
 
 #if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm1)
-extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
-moejit_layer_decode_gemm1(const logits_t *__restrict__ logits, const float *__restrict__ bias,
-                          const act_t *__restrict__ x, const weight_t *__restrict__ w, act_t *__restrict__ h,
-                          int *__restrict__ topk_ids, float *__restrict__ topk_weights, int tokens,
-                          unsigned *__restrict__ counters, const weight_t *__restrict__ w2, int prefetch) {
+extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
+    moejit_layer_decode_gemm1(const logits_t *__restrict__ logits, const float *__restrict__ bias,
+                              const act_t *__restrict__ x, const weight_t *__restrict__ w,
+                              act_t *__restrict__ h, int *__restrict__ topk_ids,
+                              float *__restrict__ topk_weights, int tokens,
+                              unsigned *__restrict__ counters, const weight_t *__restrict__ w2,
+                              int prefetch) {
   if constexpr (!kDecodeOk) {
     __trap(); // the host keeps these shapes on the unfused layer
   } else {

@@ -153,9 +153,10 @@ __device__ __forceinline__ void mj_gemm2_gemv(const AT *__restrict__ a, const WT
 }
 
 #if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm2_gemv)
-extern "C" __global__ void __launch_bounds__(kGemvThreads, 2)
-moejit_gemm2_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w, act_t *__restrict__ y,
-                  const int *__restrict__ offsets, const float *__restrict__ scale, int max_rows) {
+extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
+    moejit_gemm2_gemv(const act_t *__restrict__ a, const weight_t *__restrict__ w,
+                      act_t *__restrict__ y, const int *__restrict__ offsets,
+                      const float *__restrict__ scale, int max_rows) {
   mj_gemm2_gemv(a, w, y, offsets, scale, max_rows);
 }
 #endif

@@ -218,12 +218,10 @@ moejit_status moejit_align(const moejit_model *model, const moejit_align_args *a
   };
   if (fused(model, &l)) {
     if ((st = launch_count_scan(model, &l, args, stream))) return st;
-  } else if (scan_in_scatter(&l)) {
-    if ((st = launch_count(model, &l, stream))) return st;
-    return launch_scan_scatter(model, &l, args, stream);
-  } else {
-    if ((st = launch_count(model, &l, stream))) return st;
-    if ((st = launch_scan(model, &l, args, stream))) return st;
+    return launch_scatter(model, &l, args, stream);
   }
+  if ((st = launch_count(model, &l, stream))) return st;
+  if (scan_in_scatter(&l)) return launch_scan_scatter(model, &l, args, stream);
+  if ((st = launch_scan(model, &l, args, stream))) return st;
   return launch_scatter(model, &l, args, stream);
 }

@@ -71,7 +71,8 @@ int mj_gemm_gemv_enabled(void);
 
 /* templates/common/gemm_gemv.cuh: warps per block, output columns per warp
  * work unit (GEMM 1: h columns, so twice as many W1 rows; GEMM 2: y
- * columns), resident blocks per SM the launcher sizes the grid for. */
+ * columns), resident blocks per SM the launcher sizes the grid for
+ * (kGemvWarps, kGemv1Cols, kGemv2Cols, kGemvBlocksPerSm). */
 #define MJ_GEMV_WARPS 8
 #define MJ_GEMV1_COLS 2
 #define MJ_GEMV2_COLS 4

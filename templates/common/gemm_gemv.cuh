@@ -31,6 +31,9 @@ enum : bool {
 
 enum : int { kGemvWarps = 8 };
 enum : int { kGemvThreads = kGemvWarps * 32 };
+// Resident blocks an SM the GEMV kernels are built for (their launch bounds;
+// src/ops/gemm.h mirrors it: MJ_GEMV_BLOCKS_PER_SM caps their grids).
+enum : int { kGemvBlocksPerSm = 2 };
 enum : int { kGemvPassRows = 8 };  // rows of one expert per pass over its weights
 enum : int { kGemv1Cols = 2 };     // GEMM 1: h columns per unit (gate + up rows: 4)
 enum : int { kGemv2Cols = 4 };     // GEMM 2: y columns per unit (W2 rows: 4)
@@ -241,10 +244,11 @@ enum : int { kDecodeMaxRows = mj_pow2_floor(kGemvPassRows / kTopK) };
 // units are one row, whose code then fits 64 registers, and number at most
 // 4096 (8 experts x kHidden / kGemv2Cols, kHidden <= 2048): qwen3-30b-a3b
 // and olmoe-1b-7b then have one unit a warp, all of GEMM 2's W2 loads in
-// flight in one round on an H100. Two otherwise (deepseek-v3's 14336 units
-// ran 2 µs slower at four).
+// flight in one round on an H100. kGemvBlocksPerSm (two) otherwise
+// (deepseek-v3's 14336 units ran 2 µs slower at four).
 enum : int {
-  kDecode2BlocksPerSm = kDecodeMaxRows == 1 && kHidden / kGemv2Cols * kGemvPassRows <= 4096 ? 4 : 2
+  kDecode2BlocksPerSm =
+      kDecodeMaxRows == 1 && kHidden / kGemv2Cols * kGemvPassRows <= 4096 ? 4 : kGemvBlocksPerSm
 };
 
 // The active experts of the entries, in order of first appearance, each

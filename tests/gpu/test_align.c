@@ -415,12 +415,27 @@ static void one_chunk_ids(int pattern, ts_rng *r, int64_t tokens, int k, int exp
       ids[e] = (e / 3) % 3 == 0 ? -1 : (e / 3) % 3 == 1 ? experts : 1 << 30;
 }
 
+/* check_both_paths on `path` for each id pattern of one_chunk_patterns at
+ * T tokens; `label` leads each case's name. */
+static void check_patterns(const moejit_model *m, align_bufs *b, int64_t T, int32_t *ids, ts_rng *r,
+                           align_path path, const char *label) {
+  const moejit_spec *s = moejit_model_spec(m);
+  const int E = s->experts;
+  for (int p = 0; p < (int)MJ_ARRAY_LEN(one_chunk_patterns); p++) {
+    const int ranged = p == 4;
+    char what[160];
+    snprintf(what, sizeof what, "%.100s %s", label, one_chunk_patterns[p]);
+    one_chunk_ids(p, r, T, s->top_k, E, ids);
+    check_both_paths(m, b, T, ids, ranged ? E / 4 : 0, ranged ? E / 2 : 0, r, path, what);
+  }
+}
+
 /* T*k <= kChunkEntries runs count and scan as one launch: T = 1, 7 and the
  * largest T of one chunk, over E / k / block shapes (a one-warp block, a
  * top-k that does not divide the chunk, a 64-row GEMM tile), with skewed,
  * empty, invalid and dropped ids, each against the reference and bit for
- * bit against the three launches. One token more takes two chunks (three
- * launches either way), checked at the boundary. */
+ * bit against the three launches. One token more takes two chunks (count,
+ * then scan + scatter), checked at the boundary. */
 Test(align_gpu, one_chunk_fuses_count_and_scan) {
   OPS_REQUIRE_GPU();
   enum { NS = 5 };
@@ -442,15 +457,10 @@ Test(align_gpu, one_chunk_fuses_count_and_scan) {
     for (size_t t = 0; t < MJ_ARRAY_LEN(tokens); t++) {
       const int64_t T = tokens[t];
       align_bufs b = bufs_alloc(models[i], T, 1);
-      for (int p = 0; p < (int)MJ_ARRAY_LEN(one_chunk_patterns); p++) {
-        const int ranged = p == 4;
-        char what[160];
-        snprintf(what, sizeof what, "E=%d k=%d block=%d T=%lld %s", E, k, s->align.block_threads,
-                 (long long)T, one_chunk_patterns[p]);
-        one_chunk_ids(p, &r, T, k, E, ids);
-        check_both_paths(models[i], &b, T, ids, ranged ? E / 4 : 0, ranged ? E / 2 : 0, &r,
-                         PATH_COUNT_SCAN, what);
-      }
+      char label[96];
+      snprintf(label, sizeof label, "E=%d k=%d block=%d T=%lld", E, k, s->align.block_threads,
+               (long long)T);
+      check_patterns(models[i], &b, T, ids, &r, PATH_COUNT_SCAN, label);
       bufs_free(&b);
     }
     cr_assert_eq(mj_align_chunks(s, most + 1), 2);
@@ -497,15 +507,10 @@ Test(align_gpu, a_few_chunks_fuse_scan_and_scatter) {
       const int64_t T = tokens[t];
       const int with_x = t % 2 == 0; /* the copy, or indices only */
       align_bufs b = bufs_alloc(models[i], T, with_x);
-      for (int p = 0; p < (int)MJ_ARRAY_LEN(one_chunk_patterns); p++) {
-        const int ranged = p == 4;
-        char what[160];
-        snprintf(what, sizeof what, "E=%d k=%d block=%d T=%lld%s %s", E, k, s->align.block_threads,
-                 (long long)T, with_x ? " +copy" : "", one_chunk_patterns[p]);
-        one_chunk_ids(p, &r, T, k, E, ids);
-        check_both_paths(models[i], &b, T, ids, ranged ? E / 4 : 0, ranged ? E / 2 : 0, &r,
-                         PATH_SCAN_SCATTER, what);
-      }
+      char label[96];
+      snprintf(label, sizeof label, "E=%d k=%d block=%d T=%lld%s", E, k, s->align.block_threads,
+               (long long)T, with_x ? " +copy" : "");
+      check_patterns(models[i], &b, T, ids, &r, PATH_SCAN_SCATTER, label);
       bufs_free(&b);
     }
     const int64_t past = (MJ_ALIGN_SCAN_SCATTER_CHUNKS * chunk + k) / k; /* one chunk more */
