@@ -263,6 +263,11 @@ typedef struct gemm_run {
 /* GEMM 1's rounds-in-step words (moejit_gemm_args.round_sync): zeroed once,
  * left zero by every launch; the library decides where they are used. */
 static uint32_t *g_round_sync;
+/* GEMM 2's K-split scratch (moejit_gemm_args.split), as large as any tile
+ * of this device can ask; zeroed once, its counters left zero by every
+ * launch. */
+static void *g_split;
+static size_t g_split_bytes;
 
 static int launch_ours(void *state, int set, char *why) {
   const gemm_run *r = state;
@@ -281,7 +286,9 @@ static int launch_ours(void *state, int set, char *why) {
                         .a_index = gather ? io->a_index : NULL,
                         .a_index_div = gather ? (int32_t)r->s->top_k : 0,
                         .a_rows = gather ? r->rows / r->s->top_k : 0,
-                        .round_sync = r->which == 1 ? g_round_sync : NULL};
+                        .round_sync = r->which == 1 ? g_round_sync : NULL,
+                        .split = r->which == 2 ? g_split : NULL,
+                        .split_bytes = r->which == 2 ? g_split_bytes : 0};
   moejit_status st = r->which == 1 ? moejit_gemm1_swiglu(r->ctx, r->s, &a, r->stream)
                                    : moejit_gemm2(r->ctx, r->s, &a, r->stream);
   if (st == MOEJIT_OK) return 0;
@@ -1174,11 +1181,15 @@ int main(int argc, char **argv) {
     printf("# peers: n/a: %s\n", g_peers_why);
   CHECK(moejit_mem_alloc(ctx, 8, NULL, (void **)&g_round_sync));
   CHECK(moejit_memset_d32(ctx, g_round_sync, 0, 2, stream));
+  g_split_bytes = MOEJIT_GEMM2_SPLIT_MAX_BYTES(info.sm_count);
+  CHECK(moejit_mem_alloc(ctx, g_split_bytes, NULL, &g_split));
+  CHECK(moejit_memset_d32(ctx, g_split, 0, g_split_bytes / 4, stream));
   make_chunk(MOEJIT_DTYPE_BF16);
   for (int i = 0; i < n_presets; i++) bench_preset(ctx, presets[i], tokens, n_tokens, iters, stream);
   print_table();
   peers_destroy(g_peers);
   moejit_mem_free(ctx, g_round_sync, NULL);
+  moejit_mem_free(ctx, g_split, NULL);
   moejit_stream_destroy(ctx, stream);
   moejit_ctx_destroy(ctx);
   if (g_csv && fclose(g_csv)) return perror(csv_path), 1;

@@ -9,10 +9,10 @@
 // reference) take (h, W2, y, offsets [E+1] int32, scale, max_rows).
 // moejit_gemm2_wgmma and _wgmma_narrow (sm_90a only; the narrow one is a
 // 64 x 128 tile for decode) take (TMA map of h, TMA map of W2, y, offsets,
-// scale, max_rows). moejit_gemm2_gemv (decode: weight streaming) takes what
-// mma takes; moejit_layer_decode_gemm2 (the decode layer's second launch:
-// combine included) takes (h, W2, topk_ids, topk_weights, tokens, out,
-// part, counters).
+// scale, max_rows, ks_count, ks_part): the last two, scratch for the last
+// round's K parts (mj_wg_ksplit), or both NULL. moejit_gemm2_gemv (decode: weight streaming) takes
+// what mma takes; moejit_layer_decode_gemm2 (the decode layer's second launch: combine included)
+// takes (h, W2, topk_ids, topk_weights, tokens, out, part, counters).
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"
@@ -267,7 +267,8 @@ template <class S, int CM, int CN>
 __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap *tw,
                                                act_t *__restrict__ y,
                                                const int *__restrict__ offsets,
-                                               const float *__restrict__ scale, int max_rows) {
+                                               const float *__restrict__ scale, int max_rows,
+                                               unsigned *ks_count, float *ks_part) {
 #if MJ_WGMMA_AVAILABLE
   constexpr int kNTiles = (kHidden + S::kTN - 1) / S::kTN;
   if constexpr (!kG2Mma || !S::kFits || (CN == 2 && kNTiles % 2 != 0)) {
@@ -300,7 +301,8 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
                 },
                 keep);
           }
-        });
+        },
+        nullptr, nullptr, mj_wg_ksplit{ks_count, reinterpret_cast<float4 *>(ks_part)});
   }
 #else
   __trap(); // not an sm_90a build
@@ -309,18 +311,22 @@ __device__ __forceinline__ void mj_gemm2_wgmma(const mj_tmap *ta, const mj_tmap 
 
 #if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm2_wgmma)
 extern "C" __global__ void __launch_bounds__(Gemm2Wg::kThreads, 1) __mj_wg_cluster_dims__(0)
-moejit_gemm2_wgmma(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
-                   act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
-                   int max_rows) {
-  mj_gemm2_wgmma<Gemm2Wg, kWgCluster, kWgClusterN>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
+    moejit_gemm2_wgmma(const __grid_constant__ mj_tmap tmap_a,
+                       const __grid_constant__ mj_tmap tmap_w, act_t *__restrict__ y,
+                       const int *__restrict__ offsets, const float *__restrict__ scale,
+                       int max_rows, unsigned *ks_count, float *ks_part) {
+  mj_gemm2_wgmma<Gemm2Wg, kWgCluster, kWgClusterN>(&tmap_a, &tmap_w, y, offsets, scale, max_rows,
+                                                   ks_count, ks_part);
 }
 #endif
 
 #if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm2_wgmma_narrow)
 extern "C" __global__ void __launch_bounds__(Gemm2WgNarrow::kThreads, 1)
-moejit_gemm2_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
-                          act_t *__restrict__ y, const int *__restrict__ offsets, const float *__restrict__ scale,
-                          int max_rows) {
-  mj_gemm2_wgmma<Gemm2WgNarrow, 1, 1>(&tmap_a, &tmap_w, y, offsets, scale, max_rows);
+    moejit_gemm2_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a,
+                              const __grid_constant__ mj_tmap tmap_w, act_t *__restrict__ y,
+                              const int *__restrict__ offsets, const float *__restrict__ scale,
+                              int max_rows, unsigned *ks_count, float *ks_part) {
+  mj_gemm2_wgmma<Gemm2WgNarrow, 1, 1>(&tmap_a, &tmap_w, y, offsets, scale, max_rows, ks_count,
+                                      ks_part);
 }
 #endif

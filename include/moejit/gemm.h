@@ -109,6 +109,21 @@ typedef struct moejit_gemm_args {
    * one where the device cannot hold the grid. One launch at a time per
    * buffer. NULL: never. */
   uint32_t *round_sync;
+  /* gemm2 only, optional: device scratch of split_bytes bytes (16-byte
+   * aligned) for the last round of tiles split along K. Where that round
+   * would leave at least half the SMs idle, the wgmma kernel on a
+   * cooperative tile of 128 or more rows without clusters, with K of at
+   * least 4096, splits each tile of it into K parts that idle CTAs take;
+   * each part stores fp32 partial sums here, and the last part of a tile to
+   * finish adds them up in a fixed order, so results are deterministic
+   * (docs/gemm.md "The last round split along K"). Without it that round is
+   * split into row halves instead. moejit_gemm2_split_size says how many bytes a
+   * launch needs (0: it never splits along K; the field is then ignored)
+   * and how many of them, at the start, must be zero before the first
+   * launch that passes the buffer; every launch leaves them zero. One
+   * launch at a time per buffer. NULL: never. */
+  void *split;
+  size_t split_bytes;
 } moejit_gemm_args;
 
 /* The name of a moejit_gemm_path: "auto", "mma", "simt", "wgmma", "gemv"; "?" for
@@ -124,9 +139,29 @@ MOEJIT_API moejit_status moejit_gemm1_swiglu(moejit_ctx *ctx, const moejit_spec 
                                              const moejit_gemm_args *args, moejit_stream stream);
 
 /* GEMM 2: y = row_scale * (a W2^T) per expert, tiled by spec.gemm2. Errors as
- * moejit_gemm1_swiglu. */
+ * moejit_gemm1_swiglu, and INVALID_ARGUMENT for args->split with fewer
+ * args->split_bytes than moejit_gemm2_split_size asks. */
 MOEJIT_API moejit_status moejit_gemm2(moejit_ctx *ctx, const moejit_spec *spec,
                                       const moejit_gemm_args *args, moejit_stream stream);
+
+/* Scratch a moejit_gemm2 launch of `max_rows` rows on `path` (AUTO: what
+ * AUTO picks on ctx's device) can use to split its last round of tiles
+ * along K (moejit_gemm_args.split): *bytes in all, of which the first
+ * *zero_bytes must be zero before the first launch that passes the buffer
+ * (every launch leaves them zero). Both 0 where that launch never splits
+ * along K. Host only: no device work. Errors: INVALID_ARGUMENT (NULL ctx,
+ * spec or bytes; max_rows out of range), and a spec's errors as
+ * moejit_gemm2 reports them. */
+/* The most scratch moejit_gemm2_split_size asks for on a device of `sms`
+ * multiprocessors, whatever the spec: a buffer this large (its first
+ * MOEJIT_GEMM2_SPLIT_ZERO_BYTES(sms) zero) serves every launch there. */
+#define MOEJIT_GEMM2_SPLIT_ZERO_BYTES(sms) (((size_t)(sms)*16u + 255u) / 256u * 256u)
+#define MOEJIT_GEMM2_SPLIT_MAX_BYTES(sms) \
+  (MOEJIT_GEMM2_SPLIT_ZERO_BYTES(sms) + (size_t)(sms)*128u * 256u * 4u)
+
+MOEJIT_API moejit_status moejit_gemm2_split_size(moejit_ctx *ctx, const moejit_spec *spec,
+                                                 moejit_gemm_path path, int64_t max_rows,
+                                                 size_t *bytes, size_t *zero_bytes);
 
 #ifdef __cplusplus
 }

@@ -49,6 +49,16 @@ typedef struct mj_gemm_plan {
 int mj_gemm1_rounds_in_step(const moejit_spec *spec, const moejit_gemm_args *args,
                             const mj_gemm_plan *plan);
 
+/* GEMM 2's last round split along K (moejit_gemm_args.split; docs/gemm.md
+ * "The last round split"): parts keep at least this many 64-wide k-tiles
+ * (templates/common/gemm_wgmma.cuh kWgKSplitMinKTiles). */
+#define MJ_WG_KSPLIT_MIN_KTILES 32
+/* The scratch a launch of `plan` on a device of `sms` SMs uses for its K
+ * parts: *bytes in all, the first *zero_bytes of them counters that start
+ * and end each launch at zero; both 0 where the kernel never splits along
+ * K (not GEMM 2's wgmma kernel on a cooperative tile of 128 or more rows
+ * without clusters, or K under 2 * 32 k-tiles: 4096). */
+void mj_gemm2_split_layout(const mj_gemm_plan *plan, int sms, size_t *bytes, size_t *zero_bytes);
 /* How warps split a tile_m x tile_n tile (templates/common/gemm_config.cuh,
  * mj_gemm_warp_layout: fewest k-splits, then the squarest warp tile). */
 void mj_gemm_warp_layout(int tile_m, int tile_n, int warps, int *wm, int *wn, int *wk);

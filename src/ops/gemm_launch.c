@@ -49,11 +49,30 @@ static moejit_status check_args(int which, const moejit_spec *spec, const moejit
                      "%s: args->round_sync is set; only GEMM 1 keeps its rounds in step", op);
     if ((st = check_ptr(op, "round_sync", a->round_sync, 4))) return st;
   }
+  if (a->split) {
+    if (which != 2)
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                     "%s: args->split is set; only GEMM 2 splits its last round along K", op);
+    if ((st = check_ptr(op, "split", a->split, 16))) return st;
+  }
   if (a->max_rows < 0 || a->max_rows > INT32_MAX)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "%s: args->max_rows = %lld is outside 0..%d (row indices are int32)", op,
                    (long long)a->max_rows, INT32_MAX);
   return MOEJIT_OK;
+}
+
+void mj_gemm2_split_layout(const mj_gemm_plan *plan, int sms, size_t *bytes, size_t *zero_bytes) {
+  *bytes = *zero_bytes = 0;
+  if (!plan || strcmp(plan->family, "gemm2") != 0 || !plan->use_wgmma || plan->wg_narrow ||
+      plan->wg_pingpong || plan->wg_cluster != 1 || plan->tile_m < 128 || sms < 2 ||
+      (plan->k + 63) / 64 / MJ_WG_KSPLIT_MIN_KTILES < 2)
+    return;
+  /* four counters a CTA (a word per last-round tile, consumer and consumer
+   * warp: at most sms / 2 tiles), then a tile of fp32 partial sums a CTA */
+  const size_t counts = MOEJIT_GEMM2_SPLIT_ZERO_BYTES(sms);
+  *zero_bytes = counts;
+  *bytes = counts + (size_t)sms * (size_t)plan->tile_m * (size_t)plan->tile_n * 4;
 }
 
 int mj_gemm1_rounds_in_step(const moejit_spec *spec, const moejit_gemm_args *args,
@@ -127,8 +146,24 @@ static moejit_status launch_wgmma(int which, moejit_ctx *ctx, const moejit_spec 
   /* the spec-tile GEMM 1 entry's last parameter: rounds in step, or NULL */
   uint32_t *sync =
       which == 1 && mj_gemm1_rounds_in_step(spec, args, plan) ? args->round_sync : NULL;
+  /* GEMM 2's last two parameters: the K parts' counters and partial sums */
+  unsigned *ks_count = NULL;
+  float *ks_part = NULL;
+  if (which == 2 && args->split) {
+    size_t need, zero;
+    mj_gemm2_split_layout(plan, mj_ctx_sm_count(ctx), &need, &zero);
+    if (need && args->split_bytes < need)
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                     "%s: args->split_bytes = %zu, but this launch needs %zu; HINT: size the "
+                     "buffer with moejit_gemm2_split_size",
+                     op, args->split_bytes, need);
+    if (need && mj_env_switch("MOEJIT_GEMM_KSPLIT", 1)) {
+      ks_count = (unsigned *)args->split;
+      ks_part = (float *)((char *)args->split + zero);
+    }
+  }
   void *params1[] = {&map_a, &map_w, &out, &offsets, &max_rows, &sync};
-  void *params2[] = {&map_a, &map_w, &out, &offsets, &scale, &max_rows};
+  void *params2[] = {&map_a, &map_w, &out, &offsets, &scale, &max_rows, &ks_count, &ks_part};
   void *gather[] = {&map_w, &x, &a_index, &a_div, &x_rows, &out, &offsets, &max_rows};
   /* persistent: one CTA per SM (the pipeline fills the SM's shared memory),
    * never more CTAs than tiles the rows could make */
@@ -215,4 +250,25 @@ moejit_status moejit_gemm1_swiglu(moejit_ctx *ctx, const moejit_spec *spec,
 moejit_status moejit_gemm2(moejit_ctx *ctx, const moejit_spec *spec, const moejit_gemm_args *args,
                            moejit_stream stream) {
   return gemm_launch(2, ctx, spec, args, stream);
+}
+
+moejit_status moejit_gemm2_split_size(moejit_ctx *ctx, const moejit_spec *spec,
+                                      moejit_gemm_path path, int64_t max_rows, size_t *bytes,
+                                      size_t *zero_bytes) {
+  const char *op = "moejit_gemm2_split_size";
+  if (!ctx || !spec || !bytes)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: ctx, spec and bytes are required", op);
+  size_t scratch;
+  if (!zero_bytes) zero_bytes = &scratch;
+  *bytes = *zero_bytes = 0;
+  if (max_rows < 0 || max_rows > INT32_MAX)
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: max_rows = %lld is outside 0..%d", op,
+                     (long long)max_rows, INT32_MAX));
+  if (max_rows == 0) return MOEJIT_OK; /* launches nothing */
+  mj_gemm_plan plan;
+  moejit_status st = mj_gemm_plan_make_for(spec, 2, path, max_rows, mj_ctx_arch(ctx), &plan);
+  if (st) return mj_ctx_fail(ctx, st);
+  mj_gemm2_split_layout(&plan, mj_ctx_sm_count(ctx), bytes, zero_bytes);
+  return MOEJIT_OK;
 }

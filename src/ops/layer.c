@@ -77,8 +77,8 @@ moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_pr
  * GEMM 1 has consumed xs by the time GEMM 2 writes y. */
 typedef struct ws_layout {
   size_t ids, weights, counts, offsets, sorted_slot, row_of, tile_expert, tile_row_start, num_tiles,
-      align_ws, xs_y, h, decode_counters, gemm_sync, total;
-  size_t align_bytes;
+      align_ws, xs_y, h, decode_counters, gemm_sync, split, total;
+  size_t align_bytes, split_bytes;
 } ws_layout;
 
 static size_t take(size_t *cursor, size_t bytes) {
@@ -112,6 +112,10 @@ static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout
   l->h = take(&c, entries * (size_t)s->expert_width * act);
   l->decode_counters = take(&c, (size_t)(s->hidden / MJ_GEMV2_COLS) * 4);
   l->gemm_sync = take(&c, 8); /* GEMM 1's rounds in step (moejit_gemm_args.round_sync) */
+  /* GEMM 2's K parts (moejit_gemm_args.split), right after: one memset
+   * zeroes both sets of words */
+  l->split_bytes = m->gemm2_split_bytes && tokens >= m->gemm2_split_from ? m->gemm2_split_bytes : 0;
+  l->split = take(&c, l->split_bytes);
   l->total = c;
   return MOEJIT_OK;
 }
@@ -295,10 +299,18 @@ static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const
                          .a_index_div = (int32_t)m->spec.top_k,
                          .a_rows = tokens,
                          .round_sync = AT(ws, l->gemm_sync)};
+  /* GEMM 2 splits its last round along K where its plan can and the
+   * workspace holds the scratch (from m->gemm2_split_from tokens on) */
+  size_t split_bytes, split_zero;
+  mj_gemm2_split_layout(&c->gemm[1].plan, mj_ctx_sm_count(m->ctx), &split_bytes, &split_zero);
+  const int split = split_bytes && split_bytes <= l->split_bytes;
   /* the workspace's words start at zero in every forward that uses them
-   * (its memory is the caller's: any content) */
-  if (mj_gemm1_rounds_in_step(c->gemm[0].spec, &g1, &c->gemm[0].plan) &&
-      (st = moejit_memset_d32(m->ctx, g1.round_sync, 0, 2, stream)))
+   * (its memory is the caller's: any content): the rounds' two words and
+   * the K parts' counters, which follow them, in one memset */
+  const int in_step = mj_gemm1_rounds_in_step(c->gemm[0].spec, &g1, &c->gemm[0].plan);
+  if ((in_step || split) &&
+      (st = moejit_memset_d32(m->ctx, g1.round_sync, 0,
+                              split ? (l->split - l->gemm_sync + split_zero) / 4 : 2, stream)))
     return st;
   if ((st = moejit_gemm1_swiglu(m->ctx, c->gemm[0].spec, &g1, stream))) return st;
   moejit_gemm_args g2 = {.a = AT(ws, l->h),
@@ -307,7 +319,9 @@ static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const
                          .expert_offsets = offsets,
                          .row_scale = NULL, /* top-k weights go in combine */
                          .max_rows = rows,
-                         .path = c->gemm[1].path};
+                         .path = c->gemm[1].path,
+                         .split = split ? AT(ws, l->split) : NULL,
+                         .split_bytes = split ? l->split_bytes : 0};
   if ((st = moejit_gemm2(m->ctx, c->gemm[1].spec, &g2, stream))) return st;
   moejit_combine_args cb = {.tokens = tokens,
                             .y = AT(ws, l->xs_y),

@@ -43,6 +43,8 @@ typedef struct gpu {
   moejit_event ev[MJ_TUNE_MAX_ITERS + 1];
   int n_ev;
   uint32_t *round_sync; /* GEMM 1's rounds-in-step words, as the layer passes them */
+  void *split;          /* GEMM 2's K-split scratch, as the layer passes it; zeroed once */
+  size_t split_bytes;
   /* GEMM 1 as the layer runs it (docs/tune.md): A repeats every `period`
    * (= T) rows, so its first T rows are x. A candidate whose plan the layer
    * gathers with (mj_gemm1_plan_gathers) reads x through `index` [rows],
@@ -232,6 +234,11 @@ static moejit_status gpu_open(void *state, const mj_tune_group *grp) {
   if (!st && !g->round_sync &&
       !(st = moejit_mem_alloc(g->ctx, 8, g->stream, (void **)&g->round_sync)))
     st = moejit_memset_d32(g->ctx, g->round_sync, 0, 2, g->stream);
+  if (!st && !g->split) { /* as large as any tile of this device asks */
+    g->split_bytes = MOEJIT_GEMM2_SPLIT_MAX_BYTES(mj_ctx_sm_count(g->ctx));
+    if (!(st = moejit_mem_alloc(g->ctx, g->split_bytes, g->stream, &g->split)))
+      st = moejit_memset_d32(g->ctx, g->split, 0, g->split_bytes / 4, g->stream);
+  }
   if (st) return st;
   g->k = grp->which == 1 ? s->hidden : s->expert_width;
   g->n_out = grp->which == 1 ? s->expert_width : s->hidden;
@@ -274,7 +281,9 @@ static moejit_status launch(gpu *g, const mj_tune_group *grp, const moejit_spec 
                         .expert_offsets = s->offsets,
                         .max_rows = grp->rows,
                         .path = path,
-                        .round_sync = grp->which == 1 ? g->round_sync : NULL};
+                        .round_sync = grp->which == 1 ? g->round_sync : NULL,
+                        .split = grp->which == 2 ? g->split : NULL,
+                        .split_bytes = grp->which == 2 ? g->split_bytes : 0};
   if (g->gathers) /* x is A's first T rows (gpu.index) */
     a.a_index = g->index, a.a_index_div = grp->base->top_k, a.a_rows = g->period;
   return grp->which == 1 ? moejit_gemm1_swiglu(g->ctx, spec, &a, g->stream)
@@ -392,6 +401,7 @@ static void gpu_destroy(void *state) {
   free_sets(g);
   free_weights(g);
   free_ptr(g, (void **)&g->round_sync);
+  free_ptr(g, &g->split);
   for (int i = 0; i < g->n_ev; i++) moejit_event_destroy(g->ctx, g->ev[i]);
   if (g->stream) {
     moejit_stream_synchronize(g->ctx, g->stream);

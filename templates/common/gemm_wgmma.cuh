@@ -426,24 +426,58 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *
 // The schedule's items. Tiles 0 .. tiles-1 (mj_wg_tile) are items of their
 // own, except that when the last round would leave at least half the CTAs
 // idle (kSplit: cooperative tiles of 128 or 256 rows with A by TMA, no
-// clusters; docs/gemm.md "The last round split in halves"), each tile of
-// that round is split into its two consumers' row halves, items of their
-// own: CTA b still takes items b, b + grid, ..., so the last round's CTAs
-// each take one half. A half's rows are [row0, +kWgRows) of the item, so
-// consumer 0 multiplies them and consumer 1 waits (mj_wg_skip), in less
-// than a tile's time (one warpgroup alone has the tensor cores). A half
-// past the expert's last row is an empty item (row_end == row0), which no
-// warpgroup loads or multiplies.
+// clusters; docs/gemm.md "The last round split in halves" and "... along
+// K"), each tile of that round is split into `parts` items of its own: CTA
+// b still takes items b, b + grid, ..., so the last round's CTAs each take
+// one part.
+// - Row halves (parts = 2): a half's rows are [row0, +kWgRows) of the item,
+//   so consumer 0 multiplies them and consumer 1 waits (mj_wg_skip), in less
+//   than a tile's time (one warpgroup alone has the tensor cores). A half
+//   past the expert's last row is an empty item (row_end == row0), which no
+//   warpgroup loads or multiplies.
+// - K parts (ksplit; a GEMM that passes mj_wg_ksplit scratch, where each
+//   part keeps kWgKSplitMinKTiles k-tiles or more): part p multiplies all
+//   the tile's rows over k-tiles [p * kt / parts, (p + 1) * kt / parts), up
+//   to kWgKSplitMaxParts parts and no more than the idle CTAs can take. Each
+//   consumer warp stores its fp32 partial sums and counts itself in; the
+//   warp that completes its count adds the parts up in part order and runs
+//   the epilogue (mj_wg_ksplit_sum). Nobody waits for anybody.
+
+// The sum loads the parts' partials kWgKSumGroup float4 at a time: all at
+// once would spill the accumulators.
+enum : int { kWgKSplitMinKTiles = 32, kWgKSplitMaxParts = 8, kWgKSumGroup = 8 };
+
+// Scratch of the K parts (both NULL: row halves only). count: 4 * grid
+// words (a word per last-round tile, consumer and consumer warp, at most
+// grid / 2 tiles), zero before the launch and left zero by it. part: grid
+// item slots of two consumers' partial sums, [kMB * kAcc / 4][128 threads]
+// float4 each (kTM * kTN * 4 bytes a slot).
+struct mj_wg_ksplit {
+  unsigned *count;
+  float4 *part;
+};
+
 struct mj_wg_sched {
-  int whole;  // items 0 .. whole-1 are tiles 0 .. whole-1; then halves
-  int items;  // whole + 2 * (tiles - whole)
+  int whole;    // items 0 .. whole-1 are tiles 0 .. whole-1; then the parts
+  int items;    // whole + parts * (tiles - whole)
+  int parts;    // items per tile of the last round (1: not split)
+  bool ksplit;  // the parts split K (else rows)
 };
 
 template <int EXPERTS, bool kSplit>
-__device__ __forceinline__ mj_wg_sched mj_wg_schedule(const int *table, int n_tiles, int grid) {
+__device__ __forceinline__ mj_wg_sched mj_wg_schedule(const int *table, int n_tiles, int grid,
+                                                      int k_tiles, bool can_ksplit) {
   const int tiles = table[EXPERTS] * n_tiles, rem = tiles % grid;
-  const int whole = kSplit && rem > 0 && 2 * rem <= grid ? tiles - rem : tiles;
-  return mj_wg_sched{whole, whole + 2 * (tiles - whole)};
+  mj_wg_sched q = {tiles, tiles, 1, false};
+  if (!kSplit || rem == 0 || 2 * rem > grid) return q;
+  int kp = grid / rem;
+  kp = kp < kWgKSplitMaxParts ? kp : kWgKSplitMaxParts;
+  kp = kp < k_tiles / kWgKSplitMinKTiles ? kp : k_tiles / kWgKSplitMinKTiles;
+  q.ksplit = can_ksplit && kp >= 2;
+  q.parts = q.ksplit ? kp : 2;
+  q.whole = tiles - rem;
+  q.items = q.whole + q.parts * rem;
+  return q;
 }
 
 // Item w of the schedule -> its tile (rank, CN: as mj_wg_tile).
@@ -455,12 +489,22 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_item(const mj_wg_sched &q, const i
     return mj_wg_tile<S::kTM, CM, CN, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles, w, rank);
   const int u = w - q.whole;
   mj_gemm_tile t = mj_wg_tile<S::kTM, CM, CN, EXPERTS, RASTER>(table, offsets, max_rows, n_tiles,
-                                                               q.whole + u / 2, rank);
+                                                               q.whole + u / q.parts, rank);
+  if (q.ksplit) return t;
   const int row0 = t.row0 + (u & 1) * S::kWgRows;
   const int end = row0 + S::kWgRows < t.row_end ? row0 + S::kWgRows : t.row_end;
   t.row0 = row0;
   t.row_end = end > row0 ? end : row0;
   return t;
+}
+
+// The k-tiles [*kt0, *kt1) item w multiplies: all k_tiles but for a K part.
+__device__ __forceinline__ void mj_wg_k_range(const mj_wg_sched &q, int w, int k_tiles, int *kt0,
+                                              int *kt1) {
+  const int p = q.ksplit && w >= q.whole ? (w - q.whole) % q.parts : 0;
+  const int n = q.ksplit && w >= q.whole ? q.parts : 1;
+  *kt0 = p * k_tiles / n;
+  *kt1 = (p + 1) * k_tiles / n;
 }
 
 // The pipeline position both sides keep across the tiles of a persistent
@@ -564,13 +608,13 @@ __device__ __forceinline__ void mj_wg_load_b(unsigned b, const mj_tmap *tw, int 
 // own B and every other A box (rank r the boxes j with j % 2 == r, of kTM / 2
 // rows, or of 64 rows with kBlockSkip), multicast into both, so A crosses L2
 // once per pair.
-// step (rounds in step, or NULL): its owed wait comes before k-tile kStages.
+// Only k-tiles [kt0, kt1) (a K part: mj_wg_k_range). step (rounds in step,
+// or NULL): its owed wait comes before the tile's k-tile kStages.
 template <class S, int K, bool kSplitB, int CM, int CN>
 __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_ring &ring,
                                               const mj_tmap *ta, const mj_tmap *tw, int a_row0,
                                               int a_rows, int w_row0, int w_row1, unsigned rank,
-                                              mj_wg_round *step = nullptr) {
-  constexpr int kTiles = (K + 63) / 64;
+                                              int kt0, int kt1, mj_wg_round *step = nullptr) {
   // kBlockSkip: A boxes of 64 rows, only those that hold the tile's rows
   // (a_rows of them from a_row0); otherwise kTM / kBox boxes of kBox rows
   constexpr int kBox = S::kBlockSkip ? S::kBoxA : S::kTM / CN;
@@ -581,9 +625,9 @@ __device__ __forceinline__ void mj_wg_produce(const mj_wg_smem<S> &sm, mj_wg_rin
   }
   const unsigned bytes = (unsigned)(boxes * kBox * 128 + S::kStageB);
 #pragma unroll 1
-  for (int kt = 0; kt < kTiles; ++kt) {
+  for (int kt = kt0; kt < kt1; ++kt) {
     const unsigned full = sm.full + ring.s * 8;
-    if (step && kt == S::kStages) step->wait();
+    if (step && kt - kt0 == S::kStages) step->wait();
     mj_mbar_wait(sm.empty + ring.s * 8, ring.phase ^ 1u); // consumers are done with this stage
     mj_mbar_expect_tx(full, bytes);
     const int k0 = kt * 64;
@@ -702,15 +746,16 @@ __device__ __forceinline__ void mj_wg_release(unsigned empty_bar) {
 }
 
 // A consumer warpgroup (c = 0 or 1): rows [c * kWgRows, +kWgRows) of the tile
-// against all kTN B rows, summed over K into acc; only its first kActive
+// against all kTN B rows, summed over k-tiles [kt0, kt1) into acc (a K part:
+// mj_wg_k_range; all of K by default); only its first kActive
 // m64 blocks are multiplied (the others stay zero). Each k-tile's wgmmas form
 // one group; once the group before it has completed, that stage goes back to
 // the producer (one arrival per consumer warp); the last stage goes back
 // when all are done.
 template <class S, typename T, int K, int CS, bool kGather = false, int kActive = S::kMB>
 __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_ring &ring, int c,
-                                              float (&acc)[S::kMB][S::kAcc]) {
-  constexpr int kTiles = (K + 63) / 64;
+                                              float (&acc)[S::kMB][S::kAcc], int kt0 = 0,
+                                              int kt1 = (K + 63) / 64) {
   typedef mj_wgmma_op<S::kTN, mj_same_type<T, __nv_bfloat16>::value> Op;
   const bool signals = (threadIdx.x & 31) == 0;
 #pragma unroll
@@ -719,7 +764,7 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
     for (int i = 0; i < S::kAcc; ++i) acc[mb][i] = 0.f;
   int prev = 0;
 #pragma unroll 1
-  for (int kt = 0; kt < kTiles; ++kt) {
+  for (int kt = kt0; kt < kt1; ++kt) {
     mj_mbar_wait(sm.full + ring.s * 8, ring.phase); // the stage's TMA bytes have landed
     if constexpr (kGather)  // A came by cp.async (generic proxy); wgmma reads through the async one
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -739,7 +784,7 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
     mj_wgmma_wait<1>(); // k-tile kt-1's wgmmas are done: its stage is free
 #pragma unroll
     for (int mb = 0; mb < S::kMB; ++mb) mj_wg_pin(acc[mb]);
-    if (kt > 0 && signals) mj_wg_release<CS>(sm.empty + prev * 8);
+    if (kt > kt0 && signals) mj_wg_release<CS>(sm.empty + prev * 8);
     prev = ring.s;
     ring.next<S>();
   }
@@ -752,16 +797,69 @@ __device__ __forceinline__ void mj_wg_consume(const mj_wg_smem<S> &sm, mj_wg_rin
 // A consumer without rows in a split half (consumer 1) multiplies nothing:
 // it gives each stage of the tile back once it has landed (not before: an
 // arrival ahead of the producer would count toward the stage's next use),
-// so the other consumer has the tensor cores to itself.
-template <class S, int K, int CS>
-__device__ __forceinline__ void mj_wg_skip(const mj_wg_smem<S> &sm, mj_wg_ring &ring) {
+// so the other consumer has the tensor cores to itself. n: the item's
+// k-tiles.
+template <class S, int CS>
+__device__ __forceinline__ void mj_wg_skip(const mj_wg_smem<S> &sm, mj_wg_ring &ring, int n) {
   const bool signals = (threadIdx.x & 31) == 0;
 #pragma unroll 1
-  for (int kt = 0; kt < (K + 63) / 64; ++kt) {
+  for (int kt = 0; kt < n; ++kt) {
     mj_mbar_wait(sm.full + ring.s * 8, ring.phase);
     if (signals) mj_wg_release<CS>(sm.empty + ring.s * 8);
     ring.next<S>();
   }
+}
+
+// K part of item w (q.ksplit, w >= q.whole), consumer c: this thread's
+// partial sums go to the item's slot; then each warp counts itself in on
+// its tile's counter. Returns true in the warp that completes the count,
+// with acc then holding the sum of every part's slot, added in part order
+// (so the result is the same whichever part finishes last), and the
+// counter put back to zero; false in the others, which are done with the
+// tile. Each thread reads only what the same thread position wrote in the
+// other parts, so a warp's count orders all it needs.
+template <class S>
+__device__ __forceinline__ bool mj_wg_ksplit_sum(const mj_wg_ksplit &ks, const mj_wg_sched &q,
+                                                 int w, int c, float (&acc)[S::kMB][S::kAcc]) {
+  constexpr int kVec = S::kMB * S::kAcc / 4;  // float4 per thread
+  const int tid = (int)(threadIdx.x & 127u), lane = tid & 31;
+  const int u = w - q.whole, tile = u / q.parts;
+  // the tile's parts' slots: consumer c's at (part * 2 + c) * kVec * 128
+  constexpr int kStride = 2 * kVec * 128;
+  float4 *const first = ks.part + (tile * q.parts * 2 + c) * kVec * 128 + tid;
+  float4 *const mine = first + (u - tile * q.parts) * kStride;
+#pragma unroll
+  for (int mb = 0; mb < S::kMB; ++mb)
+#pragma unroll
+    for (int i = 0; i < S::kAcc; i += 4)
+      __stcg(mine + (mb * S::kAcc + i) / 4 * 128,
+             make_float4(acc[mb][i], acc[mb][i + 1], acc[mb][i + 2], acc[mb][i + 3]));
+  __threadfence();  // the partials are visible before the count that publishes them
+  __syncwarp();
+  unsigned *const count = ks.count + (tile * 2 + c) * 4 + (tid >> 5);
+  unsigned before = 0;
+  if (lane == 0) before = atomicAdd(count, 1u);
+  before = __shfl_sync(0xffffffffu, before, 0);
+  if (before != (unsigned)q.parts - 1) return false;
+  if (lane == 0) *count = 0u;  // for the next launch (kernel boundaries order it)
+  __threadfence();             // the other parts' partials after their counts
+#pragma unroll
+  for (int mb = 0; mb < S::kMB; ++mb)
+#pragma unroll
+    for (int i = 0; i < S::kAcc; ++i) acc[mb][i] = 0.f;  // 0 + p0 is p0
+#pragma unroll 1
+  for (int p = 0; p < q.parts; ++p) {
+    const float4 *const src = first + p * kStride;
+#pragma unroll
+    for (int mb = 0; mb < S::kMB; ++mb)
+#pragma unroll
+      for (int i = 0; i < S::kAcc; i += 4) {
+        if (i % (4 * kWgKSumGroup) == 0) asm volatile("" ::: "memory");  // a group
+        const float4 v = __ldcg(src + (mb * S::kAcc + i) / 4 * 128);
+        acc[mb][i] += v.x, acc[mb][i + 1] += v.y, acc[mb][i + 2] += v.z, acc[mb][i + 3] += v.w;
+      }
+  }
+  return true;
 }
 
 // Four 8x8 matrices of 16-bit elements from registers in the mma
@@ -850,14 +948,15 @@ __device__ __forceinline__ void mj_wg_store_rows(T *out, long long ld, int row0,
 // (1 or 2) is the cluster size along M, CN (1 or 2) along N, at most one of
 // them 2: the kernel entry must then carry __cluster_dims__(2, 1, 1) and the
 // grid be a multiple of 2; with CN = 2, n_tiles must be even. sync (no
-// cluster, A by TMA; NULL: off): rounds in step (mj_wg_round).
+// cluster, A by TMA; NULL: off): rounds in step (mj_wg_round). ks (both
+// NULL: off): scratch for the last round's K parts (mj_wg_ksplit).
 template <class S, typename T, int K, bool kSplitB, int EXPERTS, int RASTER, int CM, int CN,
           bool kGather = false, class WRows, class Epi>
 __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw, const int *offsets,
                                            int max_rows, int n_tiles, const WRows &w_rows,
                                            const Epi &epi,
                                            const mj_wg_gather_src<T> *gather = nullptr,
-                                           unsigned *sync = nullptr) {
+                                           unsigned *sync = nullptr, mj_wg_ksplit ks = {}) {
   static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(CN == 1 || (CN == 2 && CM == 1), "pairs along N, or along M, not both");
   static_assert(!(kGather && CN == 2), "the gathering producer loads A without multicast");
@@ -893,7 +992,11 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
   // TMA (the gathering producer, at 40 registers, would spill for them).
   constexpr bool kSplit = CS == 1 && !S::kPingPong && S::kConsumers == 2 && !kGather;
   n_tiles /= CN;  // CN = 2: the schedule's n-tiles are pairs (mj_wg_tile)
-  const mj_wg_sched q = mj_wg_schedule<EXPERTS, kSplit>(table, n_tiles, stride);
+  constexpr int kTiles = (K + 63) / 64;
+  // K parts need two parts' k-tiles or more (else the code goes)
+  constexpr bool kKSplit = kSplit && kTiles / kWgKSplitMinKTiles >= 2;
+  const mj_wg_sched q = mj_wg_schedule<EXPERTS, kSplit>(
+      table, n_tiles, stride, kTiles, kKSplit && ks.count != nullptr && ks.part != nullptr);
   const int items = q.items;
   // An item without rows (a split half past the expert's end) is skipped by
   // every warpgroup alike. In a cluster the peer's multicast needs this
@@ -943,10 +1046,11 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
           const mj_gemm_tile t = mj_wg_item<S, CM, CN, EXPERTS, RASTER, kSplit>(
               q, table, offsets, max_rows, n_tiles, w, rank);
           if (!empty(t)) {
-            int w_row0, w_row1;
+            int w_row0, w_row1, kt0, kt1;
             w_rows(t, &w_row0, &w_row1);
+            mj_wg_k_range(q, w, kTiles, &kt0, &kt1);
             mj_wg_produce<S, K, kSplitB, CM, CN>(sm, ring, ta, tw, t.row0, t.row_end - t.row0,
-                                                 w_row0, w_row1, rank, &step);
+                                                 w_row0, w_row1, rank, kt0, kt1, &step);
           }
         }
         step.wait();  // no item, or fewer k-tiles than stages: the wait is still owed
@@ -972,6 +1076,10 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
       const mj_gemm_tile t = mj_wg_item<S, CM, CN, EXPERTS, RASTER, kSplit>(
           q, table, offsets, max_rows, n_tiles, w, rank);
       if (empty(t)) continue;  // never in ping-pong (no split): the order barriers stay paired
+      int kt0, kt1;
+      mj_wg_k_range(q, w, kTiles, &kt0, &kt1);
+      // a K part: the epilogue runs in the warps that complete their counts
+      const bool kpart = kKSplit && q.ksplit && w >= q.whole;
       if (S::kPingPong && j > 0) {
         mj_mbar_wait(sm.order + (1 - c) * 8, order_phase);
         order_phase ^= 1u;
@@ -988,24 +1096,26 @@ __device__ __forceinline__ void mj_wg_gemm(const mj_tmap *ta, const mj_tmap *tw,
         // ahead loses nothing; with more, only the expert's last M-tile is
         // short.
         const int left = t.row_end - t.row0 - c * S::kWgRows;
-        if (left <= 0) {
-          mj_wg_skip<S, K, CS>(sm, ring);
+        if (left <= 0) {  // in every K part of the tile alike: no count either
+          mj_wg_skip<S, CS>(sm, ring, kt1 - kt0);
           continue;
         }
         if (left <= 64) {
-          mj_wg_consume<S, T, K, CS, kGather, 1>(sm, ring, c, acc);
-          epi(acc, c, t, sm.epi(c, (threadIdx.x & 127) >> 5));
+          mj_wg_consume<S, T, K, CS, kGather, 1>(sm, ring, c, acc, kt0, kt1);
+          if (!kpart || mj_wg_ksplit_sum<S>(ks, q, w, c, acc))
+            epi(acc, c, t, sm.epi(c, (threadIdx.x & 127) >> 5));
           continue;
         }
-      } else if (kSplit && w >= q.whole && c == 1) {  // a half: consumer 0's rows
-        mj_wg_skip<S, K, CS>(sm, ring);
+      } else if (kSplit && !(kKSplit && q.ksplit) && w >= q.whole && c == 1) {  // a half
+        mj_wg_skip<S, CS>(sm, ring, kTiles);
         continue;
       }
-      mj_wg_consume<S, T, K, CS, kGather>(sm, ring, c, acc);
+      mj_wg_consume<S, T, K, CS, kGather>(sm, ring, c, acc, kt0, kt1);
       if (S::kPingPong) {
         if (signals) mj_mbar_arrive(sm.order + c * 8);
-        ring.skip<S>((K + 63) / 64); // the other warpgroup's next tile
+        ring.skip<S>(kTiles);  // the other warpgroup's next tile
       }
+      if (kpart && !mj_wg_ksplit_sum<S>(ks, q, w, c, acc)) continue;
       epi(acc, c, t, sm.epi(c, (threadIdx.x & 127) >> 5));
     }
   }

@@ -10,6 +10,7 @@
  * more passes of up to 8 rows per expert). Skips without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -149,6 +150,13 @@ static int all_poison(const void *p, size_t bytes) {
   const unsigned char *b = p;
   for (size_t i = 0; i < bytes; i++)
     if (b[i] != 0xff) return 0;
+  return 1;
+}
+
+static int all_zero(const void *p, size_t bytes) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < bytes; i++)
+    if (b[i]) return 0;
   return 1;
 }
 
@@ -450,6 +458,186 @@ Test(gemm, wgmma_splits_the_last_round) {
     double err = run_case(&c);
     cr_expect(err <= c.tolerance, "gemm%d split last round: rel error %.3g", which, err);
   }
+  moejit_ctx_destroy(ctx);
+}
+
+/* The K parts a GEMM 2 launch of spec over `counts` splits each tile of its
+ * last round into on this device (templates/common/gemm_wgmma.cuh,
+ * mj_wg_schedule), 0 where it does not split along K. */
+static int ksplit_parts(moejit_ctx *ctx, const moejit_spec *s, const int32_t *counts,
+                        int64_t max_rows) {
+  mj_gemm_plan p;
+  cr_assert_eq(mj_gemm_plan_make_for(s, 2, MOEJIT_GEMM_PATH_WGMMA, max_rows, "sm_90a", &p),
+               MOEJIT_OK, "%s", moejit_last_error());
+  size_t bytes, zero;
+  mj_gemm2_split_layout(&p, mj_ctx_sm_count(ctx), &bytes, &zero);
+  int64_t m_tiles = 0;
+  for (int e = 0; e < s->experts; e++) m_tiles += (counts[e] + p.tile_m - 1) / p.tile_m;
+  const int64_t sms = mj_ctx_sm_count(ctx), grid = p.grid < sms ? p.grid : sms;
+  const int64_t tiles = m_tiles * p.n_tiles, rem = tiles % grid;
+  if (!bytes || rem == 0 || 2 * rem > grid) return 0;
+  int64_t parts = grid / rem, k_parts = (p.k + 63) / 64 / MJ_WG_KSPLIT_MIN_KTILES;
+  if (parts > 8) parts = 8; /* kWgKSplitMaxParts */
+  if (parts > k_parts) parts = k_parts;
+  return parts >= 2 ? (int)parts : 0;
+}
+
+/* One GEMM 2 case with the K-split scratch `split` (`total` bytes, the
+ * first `zero` of them counters) on inputs drawn once: against the float64
+ * reference with poisoned outputs and a bitwise rerun; the scratch's
+ * partial sums written (poisoned before) and its counters left zero; within
+ * bf16 rounding of the launch without scratch (row halves), and bitwise
+ * that launch with $MOEJIT_GEMM_KSPLIT=0, which writes no partials. */
+static void run_ksplit_case(moejit_ctx *ctx, const moejit_spec *s, const int32_t *counts,
+                            int64_t extra, void *split, size_t total, size_t zero,
+                            const char *what) {
+  ts_rng r = ts_rng_fresh("test_gemm ksplit");
+  gemm_case c = {ctx, s, 2, MOEJIT_GEMM_PATH_WGMMA, counts, extra, 1, tol_of(s->act_dtype), NULL};
+  gemm_io io;
+  io_prepare(&c, &r, &io);
+  const int parts = ksplit_parts(ctx, s, counts, io.max_rows);
+  cr_assert(parts >= 2 || mj_ctx_sm_count(ctx) != 132, "%s: %d K parts", what, parts);
+  const size_t out_bytes = (size_t)(io.max_rows * io.n_out) * io.esz,
+               valid = (size_t)(io.rows * io.n_out);
+  moejit_gemm_args a = {
+      .a = dev_upload(ctx, io.a, (size_t)(io.max_rows * io.k) * io.esz),
+      .w = dev_upload(ctx, io.w, (size_t)(s->experts * io.n_out * io.k) * io.esz),
+      .out = dev_upload(ctx, NULL, out_bytes),
+      .expert_offsets = dev_upload(ctx, io.offsets, sizeof(int32_t) * ((size_t)s->experts + 1)),
+      .row_scale = dev_upload(ctx, io.scale, sizeof(float) * (size_t)io.max_rows),
+      .max_rows = io.max_rows,
+      .path = MOEJIT_GEMM_PATH_WGMMA,
+      .split = split,
+      .split_bytes = total};
+  unsigned char *host = malloc(total);
+  void *halves = malloc(out_bytes), *off = malloc(out_bytes);
+  double *half_ref = malloc(valid * sizeof(double));
+  cr_assert(host && halves && off && half_ref);
+  const size_t slots = (size_t)parts * (size_t)s->gemm2.tile_m * (size_t)s->gemm2.tile_n * 4;
+  cr_assert_eq(moejit_memset_d32(ctx, split, 0, zero / 4, NULL), MOEJIT_OK);
+  cr_assert_eq(moejit_memset_d32(ctx, (char *)split + zero, POISON_WORD, (total - zero) / 4, NULL),
+               MOEJIT_OK);
+  run_once(&c, &io, &a, io.out1);
+  run_once(&c, &io, &a, io.out2);
+  const double err = ref_gemm_rel_error(s->act_dtype, io.out1, io.ref, valid);
+  cr_expect(err <= c.tolerance, "%s, K parts: rel error %.3g", what, err);
+  cr_expect(all_poison((char *)io.out1 + valid * io.esz, out_bytes - valid * io.esz),
+            "%s: rows past offsets[E] written", what);
+  cr_expect(memcmp(io.out1, io.out2, out_bytes) == 0, "%s: two runs differ bitwise", what);
+  cr_assert_eq(moejit_memcpy_dtoh(ctx, host, split, total, NULL), MOEJIT_OK);
+  cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect(all_zero(host, zero), "%s: counters left nonzero", what);
+  cr_expect(!all_poison(host + zero, slots), "%s: no partial sums written", what);
+  /* without scratch: the last round's tiles in row halves */
+  a.split = NULL, a.split_bytes = 0;
+  run_once(&c, &io, &a, halves);
+  for (size_t i = 0; i < valid; i++) half_ref[i] = ref_bf16_to_f32(((const uint16_t *)halves)[i]);
+  const double diff = ref_gemm_rel_error(s->act_dtype, io.out1, half_ref, valid);
+  cr_expect(diff < 1e-2, "%s: K parts against halves: %.3g", what, diff);
+  /* $MOEJIT_GEMM_KSPLIT=0: the halves to the bit, no partial sums */
+  cr_assert_eq(moejit_memset_d32(ctx, (char *)split + zero, POISON_WORD, (total - zero) / 4, NULL),
+               MOEJIT_OK);
+  a.split = split, a.split_bytes = total;
+  setenv("MOEJIT_GEMM_KSPLIT", "0", 1);
+  run_once(&c, &io, &a, off);
+  unsetenv("MOEJIT_GEMM_KSPLIT");
+  cr_expect(memcmp(off, halves, out_bytes) == 0, "%s: MOEJIT_GEMM_KSPLIT=0 is not the halves",
+            what);
+  cr_assert_eq(moejit_memcpy_dtoh(ctx, host, split, total, NULL), MOEJIT_OK);
+  cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect(all_poison(host + zero, total - zero), "%s: MOEJIT_GEMM_KSPLIT=0 wrote partials", what);
+  void *bufs[] = {(void *)a.a, (void *)a.w, a.out, (void *)a.expert_offsets, (void *)a.row_scale};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) moejit_mem_free(ctx, bufs[i], NULL);
+  free(host), free(halves), free(off), free(half_ref);
+  io_free(&io);
+}
+
+/* GEMM 2's last round split along K (moejit_gemm_args.split): K = f = 6152
+ * (97 k-tiles, a K tail: up to 3 parts of 32 k-tiles or more), N = d = 1032
+ * (an N tail), 12 experts. 128 x 64 tiles (17 n-tiles): 8 M-tiles, 136
+ * tiles on 132 CTAs, a whole round and then 4 tiles in 3 parts each; 3
+ * M-tiles, all in the last round, in 2 parts. 256 x 128 tiles (9 n-tiles,
+ * whose consumers skip the blocks without rows: 1 row, 129 rows): 2 M-tiles
+ * on a grid capped at 108 by max_rows, in 3 parts each; 6 M-tiles in 2.
+ * Empty experts, 1, 2, 64, 65, 129, 130 rows; max_rows 2000 rows past the
+ * last expert where the grid should be all 132 SMs (run_ksplit_case). Then
+ * where it never splits along K, and the argument checks. */
+Test(gemm, wgmma_splits_the_last_round_along_k) {
+  moejit_ctx *ctx = sm90a_ctx_or_skip();
+  static const int32_t mix[12] = {129, 0, 1, 64, 65, 0, 2, 130, 0, 0, 0, 0};
+  static const int32_t few[12] = {129, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const int sms = mj_ctx_sm_count(ctx);
+  const size_t zero = MOEJIT_GEMM2_SPLIT_ZERO_BYTES(sms), total = MOEJIT_GEMM2_SPLIT_MAX_BYTES(sms);
+  void *split = dev_upload(ctx, NULL, total);
+  const struct {
+    moejit_gemm_cfg tile;
+    const int32_t *counts;
+    int64_t extra;
+    int parts; /* on 132 SMs */
+  } cases[4] = {{cfg(128, 64, 64, 4, 8, 0), mix, 2000, 3},
+                {cfg(128, 64, 64, 4, 8, 0), few, 2000, 2},
+                {cfg(256, 128, 64, 4, 8, 0), few, 5, 3},
+                {cfg(256, 128, 64, 4, 8, 0), mix, 2000, 2}};
+  for (int i = 0; i < 4; i++) {
+    moejit_spec s = make_spec(1032, 6152, 12, MOEJIT_DTYPE_BF16, cases[i].tile);
+    cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+    int64_t rows = 0;
+    for (int e = 0; e < 12; e++) rows += cases[i].counts[e];
+    const int64_t max_rows = rows + cases[i].extra;
+    if (sms == 132)
+      cr_assert_eq(ksplit_parts(ctx, &s, cases[i].counts, max_rows), cases[i].parts, "case %d", i);
+    size_t need = 0, need_zero = 0;
+    cr_assert_eq(
+        moejit_gemm2_split_size(ctx, &s, MOEJIT_GEMM_PATH_WGMMA, max_rows, &need, &need_zero),
+        MOEJIT_OK, "%s", moejit_last_error());
+    cr_assert(need > 0 && need <= total && need_zero == zero, "need %zu of %zu, zero %zu", need,
+              total, need_zero);
+    char what[64];
+    snprintf(what, sizeof what, "case %d (%dx%d tiles)", i, cases[i].tile.tile_m,
+             cases[i].tile.tile_n);
+    run_ksplit_case(ctx, &s, cases[i].counts, cases[i].extra, split, need, zero, what);
+  }
+  /* where it never splits along K: K under 2 x 32 k-tiles, ping-pong,
+   * 64-row tiles, cluster pairs */
+  moejit_gemm_cfg no[4] = {cfg(128, 256, 64, 4, 8, 0), cfg(128, 128, 64, 4, 8, 0),
+                           cfg(64, 256, 64, 4, 8, 0), cfg(128, 256, 64, 4, 8, 0)};
+  pingpong(&no[1]);
+  pair_along_m(&no[3]);
+  for (int i = 0; i < 4; i++) {
+    moejit_spec s = make_spec(1288, i == 0 ? 4032 : 6152, 8, MOEJIT_DTYPE_BF16, no[i]);
+    cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+    size_t need = 1, need_zero = 1;
+    cr_assert_eq(moejit_gemm2_split_size(ctx, &s, MOEJIT_GEMM_PATH_WGMMA, 4000, &need, &need_zero),
+                 MOEJIT_OK, "%s", moejit_last_error());
+    cr_expect(need == 0 && need_zero == 0, "case %d: %zu bytes", i, need);
+  }
+  moejit_spec s = make_spec(1288, 6152, 8, MOEJIT_DTYPE_BF16, no[0]);
+  size_t need = 1;
+  cr_assert_eq(moejit_gemm2_split_size(ctx, &s, MOEJIT_GEMM_PATH_AUTO, 0, &need, NULL), MOEJIT_OK);
+  cr_expect_eq(need, 0u);
+  cr_expect_eq(moejit_gemm2_split_size(ctx, &s, MOEJIT_GEMM_PATH_AUTO, -1, &need, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_gemm2_split_size(ctx, NULL, MOEJIT_GEMM_PATH_AUTO, 1, &need, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  /* too little scratch, misaligned scratch, scratch for GEMM 1 */
+  moejit_gemm_args a = {.a = split,
+                        .w = split,
+                        .out = split,
+                        .expert_offsets = (const int32_t *)split,
+                        .max_rows = 4000,
+                        .path = MOEJIT_GEMM_PATH_WGMMA,
+                        .split = split,
+                        .split_bytes = 1024};
+  cr_expect_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "split_bytes"), "%s", moejit_last_error());
+  a.split = (char *)split + 4, a.split_bytes = total - 4;
+  cr_expect_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "args->split"), "%s", moejit_last_error());
+  a.split = split, a.split_bytes = total;
+  cr_expect_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "only GEMM 2"), "%s", moejit_last_error());
+  cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
+  moejit_mem_free(ctx, split, NULL);
   moejit_ctx_destroy(ctx);
 }
 

@@ -263,7 +263,8 @@ Test(layer, deepseek_v3_matches_reference) {
 /* ---- graph capture ------------------------------------------------------------ */
 
 /* GEMM 1's rounds-in-step words of a forward of t tokens: the workspace's
- * last 256-byte region (docs/layer.md, "Workspace layout"). */
+ * last 256-byte region (docs/layer.md, "Workspace layout"), where no
+ * K-split scratch follows them (olmoe-1b-7b: K = 1024). */
 static void read_round_sync(const layer_io *io, int64_t t, uint32_t words[2]) {
   size_t bytes = 0;
   OPS_OK(moejit_moe_workspace_size(io->model, t, &bytes));
@@ -326,6 +327,71 @@ Test(layer, graph_replay_equals_eager_bitwise) {
     unsetenv("MOEJIT_GEMM1_GATHER");
   }
   cr_expect_eq(mj_ctx_module_loads(ctx), loads_before, "the forward loaded a module");
+  OPS_OK(moejit_stream_destroy(ctx, stream));
+  io_free(&io);
+  moejit_model_destroy(m);
+}
+
+/* GEMM 2 with its last round split along K (moejit_gemm_args.split):
+ * mixtral-8x7b at T = 2048 (K = 14336, 128x256 tiles, 560-592 tiles on 132
+ * SMs). The workspace holds the scratch from the load's first splitting T
+ * on; the forward matches the reference, graph replay equals eager to the
+ * bit, the counters are left zero, and the forward without the split
+ * ($MOEJIT_GEMM_KSPLIT=0: row halves) agrees within bf16 rounding. */
+static double rel_diff(moejit_dtype dt, const void *a, const void *b, size_t n);
+
+Test(layer, gemm2_splits_along_k_in_graph_replay) {
+  OPS_REQUIRE_GPU();
+  moejit_ctx *ctx = ops_ctx();
+  if (!ops_ctx_is_sm90a(ctx)) cr_skip_test("GEMM 2 splits along K on the sm_90a wgmma path only");
+  ts_rng rng = ts_rng_fresh("layer ksplit");
+  moejit_load_report r;
+  moejit_model *m = load("mixtral-8x7b", &r);
+  const int64_t t = 2048;
+  cr_assert(m->gemm2_split_bytes > 0 && m->gemm2_split_from <= t,
+            "mixtral-8x7b: split scratch %zu bytes from T = %lld", m->gemm2_split_bytes,
+            (long long)m->gemm2_split_from);
+  layer_io io;
+  io_make(&io, m, t, &rng);
+  moejit_stream stream = NULL;
+  OPS_OK(moejit_stream_create(ctx, &stream));
+  const size_t bytes = out_bytes(&io, t), nk = (size_t)t * io.spec->top_k;
+  void *eager = malloc(bytes), *replay = malloc(bytes), *halves = malloc(bytes);
+  int32_t *ids = malloc(nk * 4);
+  float *w = malloc(nk * 4);
+  cr_assert(eager && replay && halves && ids && w);
+  run_eager(&io, t, stream, eager, ids, w);
+  check_output(&io, t, eager, ids, w, &rng, "mixtral-8x7b, K parts");
+  /* the scratch is the workspace's last m->gemm2_split_bytes; its counters
+   * come first */
+  size_t ws = 0;
+  OPS_OK(moejit_moe_workspace_size(m, t, &ws));
+  unsigned char *counts = malloc(m->gemm2_split_zero);
+  cr_assert(counts);
+  ops_download(counts, (const char *)io.d_ws + ws - m->gemm2_split_bytes, m->gemm2_split_zero);
+  for (size_t i = 0; i < m->gemm2_split_zero; i++)
+    cr_assert_eq(counts[i], 0, "counter byte %zu left %d", i, counts[i]);
+  moejit_moe_args a = io_args(&io, t);
+  moejit_graph *g = NULL;
+  OPS_OK(moejit_graph_begin_capture(ctx, stream));
+  moejit_status fwd = moejit_moe_forward(m, &a, stream);
+  OPS_OK(moejit_graph_end_capture(ctx, stream, &g));
+  cr_assert_eq(fwd, MOEJIT_OK, "forward inside a capture: %s", moejit_last_error());
+  for (int rep = 0; rep < 2; rep++) {
+    ops_poison(io.d_out, bytes, OPS_POISON_NAN);
+    ops_sync();
+    OPS_OK(moejit_graph_launch(ctx, g, stream));
+    OPS_OK(moejit_stream_synchronize(ctx, stream));
+    ops_download(replay, io.d_out, bytes);
+    cr_assert(memcmp(eager, replay, bytes) == 0, "replay %d differs from eager", rep);
+  }
+  moejit_graph_destroy(ctx, g);
+  setenv("MOEJIT_GEMM_KSPLIT", "0", 1);
+  run_eager(&io, t, stream, halves, NULL, NULL);
+  unsetenv("MOEJIT_GEMM_KSPLIT");
+  const double diff = rel_diff(io.spec->out_dtype, eager, halves, bytes / 2);
+  cr_expect(diff < 1e-2, "K parts against row halves: %.3g", diff);
+  free(eager), free(replay), free(halves), free(ids), free(w), free(counts);
   OPS_OK(moejit_stream_destroy(ctx, stream));
   io_free(&io);
   moejit_model_destroy(m);
@@ -612,20 +678,28 @@ Test(layer, bad_arguments_are_refused_before_launching) {
   moejit_model_destroy(m);
 }
 
+/* qwen3-30b-a3b, and mixtral-8x7b, whose workspace takes GEMM 2's K-split
+ * scratch from some T on (on sm_90a). */
 Test(layer, workspace_grows_with_tokens) {
   OPS_REQUIRE_GPU();
-  moejit_load_report r;
-  moejit_model *m = load("qwen3-30b-a3b", &r);
-  size_t prev = 0;
-  for (int64_t t = 1; t <= 70000; t = t * 3 + 1) {
-    size_t bytes = 0;
-    OPS_OK(moejit_moe_workspace_size(m, t, &bytes));
-    cr_expect_geq(bytes, prev, "T=%lld: %zu < %zu", (long long)t, bytes, prev);
-    /* at least the permuted rows and h */
-    cr_expect_geq(bytes, (size_t)t * 8 * (2048 + 768) * 2);
-    prev = bytes;
+  const char *presets[] = {"qwen3-30b-a3b", "mixtral-8x7b"};
+  for (int i = 0; i < 2; i++) {
+    moejit_load_report r;
+    moejit_model *m = load(presets[i], &r);
+    const moejit_spec *s = &m->spec;
+    size_t prev = 0;
+    for (int64_t t = 1; t <= 70000; t = t * 3 + 1) {
+      size_t bytes = 0;
+      OPS_OK(moejit_moe_workspace_size(m, t, &bytes));
+      cr_expect_geq(bytes, prev, "%s T=%lld: %zu < %zu", presets[i], (long long)t, bytes, prev);
+      /* at least the permuted rows and h */
+      cr_expect_geq(bytes, (size_t)t * s->top_k * (s->hidden + s->expert_width) * 2);
+      if (m->gemm2_split_bytes && t >= m->gemm2_split_from)
+        cr_expect_geq(bytes, m->gemm2_split_bytes + (size_t)t * s->top_k * s->hidden * 2);
+      prev = bytes;
+    }
+    moejit_model_destroy(m);
   }
-  moejit_model_destroy(m);
 }
 
 Test(layer, config_file_and_unknown_name) {
