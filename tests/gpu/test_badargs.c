@@ -289,6 +289,20 @@ static void refuse_gemm(const fixture *f, int which) {
   expect_refused(f, fn(NULL, s, good, f->stream), name, "ctx", "ctx = NULL");
   expect_refused(f, fn(f->ctx, NULL, good, f->stream), name, "spec", "spec = NULL");
   expect_refused(f, fn(f->ctx, s, NULL, f->stream), name, "args", "args = NULL");
+  /* the K-split scratch: GEMM 2's only, 16-byte aligned */
+  moejit_gemm_args a = *good;
+  a.split = (char *)good->out + (which == 1 ? 0 : 8), a.split_bytes = (size_t)1 << 30;
+  expect_refused(f, op.call(f, &a), name, "args->split",
+                 which == 1 ? "K-split scratch for GEMM 1" : "misaligned K-split scratch");
+  if (which == 2) {
+    size_t bytes = 0;
+    expect_refused(f, moejit_gemm2_split_size(NULL, s, MOEJIT_GEMM_PATH_AUTO, 4, &bytes, NULL),
+                   "moejit_gemm2_split_size", "ctx", "split size, ctx = NULL");
+    expect_refused(f, moejit_gemm2_split_size(f->ctx, s, MOEJIT_GEMM_PATH_AUTO, -1, &bytes, NULL),
+                   "moejit_gemm2_split_size", "max_rows", "split size, max_rows = -1");
+    expect_refused(f, moejit_gemm2_split_size(f->ctx, s, MOEJIT_GEMM_PATH_AUTO, 4, NULL, NULL),
+                   "moejit_gemm2_split_size", "bytes", "split size, bytes = NULL");
+  }
 }
 
 static void refuse_forward(const fixture *f) {
