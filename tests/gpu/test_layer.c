@@ -262,6 +262,27 @@ Test(layer, deepseek_v3_matches_reference) {
 
 /* ---- graph capture ------------------------------------------------------------ */
 
+/* The forward of `tokens` captured on `stream` into a graph. */
+static moejit_graph *capture(const layer_io *io, int64_t tokens, moejit_stream stream) {
+  moejit_moe_args a = io_args(io, tokens);
+  moejit_graph *g = NULL;
+  OPS_OK(moejit_graph_begin_capture(ops_ctx(), stream));
+  moejit_status fwd = moejit_moe_forward(io->model, &a, stream);
+  OPS_OK(moejit_graph_end_capture(ops_ctx(), stream, &g));
+  cr_assert_eq(fwd, MOEJIT_OK, "forward inside a capture: %s", moejit_last_error());
+  return g;
+}
+
+/* Poisons the output, replays g, downloads `bytes` of the output. */
+static void replay_into(const layer_io *io, moejit_graph *g, moejit_stream stream, size_t bytes,
+                        void *dst) {
+  ops_poison(io->d_out, bytes, OPS_POISON_NAN);
+  ops_sync();
+  OPS_OK(moejit_graph_launch(ops_ctx(), g, stream));
+  OPS_OK(moejit_stream_synchronize(ops_ctx(), stream));
+  ops_download(dst, io->d_out, bytes);
+}
+
 /* GEMM 1's rounds-in-step words of a forward of t tokens: the workspace's
  * last 256-byte region (docs/layer.md, "Workspace layout"), where no
  * K-split scratch follows them (olmoe-1b-7b: K = 1024). */
@@ -301,18 +322,9 @@ Test(layer, graph_replay_equals_eager_bitwise) {
       cr_expect_eq(sync_eager[0], 0u, "T=%lld: arrivals left zero", (long long)t);
       cr_expect(sync_eager[1] > 0, "T=%lld: GEMM 1's rounds met no barrier", (long long)t);
     }
-    moejit_moe_args a = io_args(&io, t);
-    moejit_graph *g = NULL;
-    OPS_OK(moejit_graph_begin_capture(ctx, stream));
-    moejit_status fwd = moejit_moe_forward(m, &a, stream);
-    OPS_OK(moejit_graph_end_capture(ctx, stream, &g));
-    cr_assert_eq(fwd, MOEJIT_OK, "forward inside a capture: %s", moejit_last_error());
+    moejit_graph *g = capture(&io, t, stream);
     for (int rep = 0; rep < 3; rep++) {
-      ops_poison(io.d_out, bytes, OPS_POISON_NAN);
-      ops_sync();
-      OPS_OK(moejit_graph_launch(ctx, g, stream));
-      OPS_OK(moejit_stream_synchronize(ctx, stream));
-      ops_download(replay, io.d_out, bytes);
+      replay_into(&io, g, stream, bytes, replay);
       cr_assert(memcmp(eager, replay, bytes) == 0, "T=%lld replay %d differs from eager",
                 (long long)t, rep);
       if (in_step) { /* each forward zeroes the words, then meets the same barriers */
@@ -371,18 +383,9 @@ Test(layer, gemm2_splits_along_k_in_graph_replay) {
   ops_download(counts, (const char *)io.d_ws + ws - m->gemm2_split_bytes, m->gemm2_split_zero);
   for (size_t i = 0; i < m->gemm2_split_zero; i++)
     cr_assert_eq(counts[i], 0, "counter byte %zu left %d", i, counts[i]);
-  moejit_moe_args a = io_args(&io, t);
-  moejit_graph *g = NULL;
-  OPS_OK(moejit_graph_begin_capture(ctx, stream));
-  moejit_status fwd = moejit_moe_forward(m, &a, stream);
-  OPS_OK(moejit_graph_end_capture(ctx, stream, &g));
-  cr_assert_eq(fwd, MOEJIT_OK, "forward inside a capture: %s", moejit_last_error());
+  moejit_graph *g = capture(&io, t, stream);
   for (int rep = 0; rep < 2; rep++) {
-    ops_poison(io.d_out, bytes, OPS_POISON_NAN);
-    ops_sync();
-    OPS_OK(moejit_graph_launch(ctx, g, stream));
-    OPS_OK(moejit_stream_synchronize(ctx, stream));
-    ops_download(replay, io.d_out, bytes);
+    replay_into(&io, g, stream, bytes, replay);
     cr_assert(memcmp(eager, replay, bytes) == 0, "replay %d differs from eager", rep);
   }
   moejit_graph_destroy(ctx, g);
