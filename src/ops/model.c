@@ -225,13 +225,12 @@ static moejit_status list_gemm(warm_list *w, int which) {
     moejit_status st = mj_gemm_choose(&m->spec, vs, which, ts[i], w->arch, &c);
     if (st && ts[i] == 1) return mj_fail_prefix(st, "moejit_model_load: GEMM %d at T = 1", which);
     if (st) continue;
-    size_t split, zero;
-    mj_gemm2_split_layout(&c.plan, mj_ctx_sm_count(m->ctx), &split, &zero);
-    if (which == 2 && split) {
+    size_t split = 0, zero;
+    if (which == 2) mj_gemm2_split_layout(&c.plan, mj_ctx_sm_count(m->ctx), &split, &zero);
+    if (split) { /* the layer's workspace holds GEMM 2's K-split scratch from here on */
       moejit_model *mm = w->m;
       if (!mm->gemm2_split_bytes || ts[i] < mm->gemm2_split_from) mm->gemm2_split_from = ts[i];
       if (split > mm->gemm2_split_bytes) mm->gemm2_split_bytes = split;
-      if (zero > mm->gemm2_split_zero) mm->gemm2_split_zero = zero;
     }
     if (c.plan.entry == last_entry && c.variant == last_variant && c.plan.decode == last_decode)
       continue; /* the same kernel as the T before */

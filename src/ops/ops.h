@@ -140,11 +140,12 @@ struct moejit_model {
   mj_gemm_variants gemm_variants[2]; /* tuned variants of gemm1, gemm2 (n 0: heuristic) */
   /* GEMM 2's K-split scratch (moejit_gemm_args.split) in the layer's
    * workspace: the fewest tokens whose GEMM 2 can split along K (the load's
-   * sweep of T), and the most bytes (of which the first gemm2_split_zero
-   * are counters) any such T needs; bytes 0: no T splits. The workspace
-   * holds it from that T on, so its size grows with T. */
+   * sweep of T), and the most bytes any such T needs (its counters first:
+   * MOEJIT_GEMM2_SPLIT_ZERO_BYTES of the device's SMs); bytes 0: no T
+   * splits. The workspace holds it from that T on, so its size grows with
+   * T. */
   int64_t gemm2_split_from;
-  size_t gemm2_split_bytes, gemm2_split_zero;
+  size_t gemm2_split_bytes;
 };
 
 /* moejit_model_load restricted to `families` (tests that launch only one

@@ -160,27 +160,43 @@ static int all_zero(const void *p, size_t bytes) {
   return 1;
 }
 
+/* The case's inputs on the device, and its (unpoisoned) output buffer, as
+ * launch arguments; args_free gives them back. */
+static moejit_gemm_args args_upload(const gemm_case *c, const gemm_io *io) {
+  const moejit_spec *s = c->spec;
+  int64_t w_rows = c->which == 1 ? 2 * s->expert_width : s->hidden;
+  size_t out_bytes = (size_t)(io->max_rows * io->n_out) * io->esz;
+  /* +16 bytes so even max_rows 0 allocates */
+  moejit_gemm_args args = {
+      .a = dev_upload(c->ctx, io->a, (size_t)(io->max_rows * io->k) * io->esz + 16),
+      .w = dev_upload(c->ctx, io->w,
+                      (size_t)(s->experts * w_rows * io->k) * moejit_dtype_size(s->weight_dtype)),
+      .out = dev_upload(c->ctx, NULL, out_bytes + 16),
+      .expert_offsets = dev_upload(c->ctx, io->offsets, sizeof(int32_t) * ((size_t)s->experts + 1)),
+      .row_scale = c->with_scale
+                       ? dev_upload(c->ctx, io->scale, sizeof(float) * (size_t)(io->max_rows + 1))
+                       : NULL,
+      .max_rows = io->max_rows,
+      .path = c->path,
+      .round_sync = c->round_sync};
+  return args;
+}
+
+static void args_free(moejit_ctx *ctx, const moejit_gemm_args *a) {
+  void *bufs[] = {(void *)a->a, (void *)a->w, a->out, (void *)a->expert_offsets,
+                  (void *)a->row_scale};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) moejit_mem_free(ctx, bufs[i], NULL);
+}
+
 /* Runs one case; returns the relative error of the first run. */
 static double run_case(const gemm_case *c) {
   ts_rng r = ts_rng_fresh("test_gemm");
   gemm_io io;
   io_prepare(c, &r, &io);
   const moejit_spec *s = c->spec;
-  int64_t w_rows = c->which == 1 ? 2 * s->expert_width : s->hidden;
   size_t out_bytes = (size_t)(io.max_rows * io.n_out) * io.esz;
-  /* +16 bytes so even max_rows 0 allocates */
-  moejit_gemm_args args = {
-      .a = dev_upload(c->ctx, io.a, (size_t)(io.max_rows * io.k) * io.esz + 16),
-      .w = dev_upload(c->ctx, io.w,
-                      (size_t)(s->experts * w_rows * io.k) * moejit_dtype_size(s->weight_dtype)),
-      .out = dev_upload(c->ctx, NULL, out_bytes + 16),
-      .expert_offsets = dev_upload(c->ctx, io.offsets, sizeof(int32_t) * ((size_t)s->experts + 1)),
-      .row_scale = c->with_scale
-                       ? dev_upload(c->ctx, io.scale, sizeof(float) * (size_t)(io.max_rows + 1))
-                       : NULL,
-      .max_rows = io.max_rows,
-      .path = c->path,
-      .round_sync = c->round_sync};
+  moejit_gemm_args args = args_upload(c, &io);
   run_once(c, &io, &args, io.out1);
   run_once(c, &io, &args, io.out2);
   size_t valid_bytes = (size_t)(io.rows * io.n_out) * io.esz;
@@ -193,10 +209,7 @@ static double run_case(const gemm_case *c) {
             (c->which == 1 ? s->gemm1 : s->gemm2).tile_m, (c->which == 1 ? s->gemm1 : s->gemm2).tile_n,
             (c->which == 1 ? s->gemm1 : s->gemm2).tile_k, (c->which == 1 ? s->gemm1 : s->gemm2).stages,
             (c->which == 1 ? s->gemm1 : s->gemm2).warps);
-  void *bufs[] = {(void *)args.a, (void *)args.w, args.out, (void *)args.expert_offsets,
-                  (void *)args.row_scale};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (bufs[i]) moejit_mem_free(c->ctx, bufs[i], NULL);
+  args_free(c->ctx, &args);
   io_free(&io);
   return err;
 }
@@ -499,16 +512,8 @@ static void run_ksplit_case(moejit_ctx *ctx, const moejit_spec *s, const int32_t
   cr_assert(parts >= 2 || mj_ctx_sm_count(ctx) != 132, "%s: %d K parts", what, parts);
   const size_t out_bytes = (size_t)(io.max_rows * io.n_out) * io.esz,
                valid = (size_t)(io.rows * io.n_out);
-  moejit_gemm_args a = {
-      .a = dev_upload(ctx, io.a, (size_t)(io.max_rows * io.k) * io.esz),
-      .w = dev_upload(ctx, io.w, (size_t)(s->experts * io.n_out * io.k) * io.esz),
-      .out = dev_upload(ctx, NULL, out_bytes),
-      .expert_offsets = dev_upload(ctx, io.offsets, sizeof(int32_t) * ((size_t)s->experts + 1)),
-      .row_scale = dev_upload(ctx, io.scale, sizeof(float) * (size_t)io.max_rows),
-      .max_rows = io.max_rows,
-      .path = MOEJIT_GEMM_PATH_WGMMA,
-      .split = split,
-      .split_bytes = total};
+  moejit_gemm_args a = args_upload(&c, &io);
+  a.split = split, a.split_bytes = total;
   unsigned char *host = malloc(total);
   void *halves = malloc(out_bytes), *off = malloc(out_bytes);
   double *half_ref = malloc(valid * sizeof(double));
@@ -546,8 +551,7 @@ static void run_ksplit_case(moejit_ctx *ctx, const moejit_spec *s, const int32_t
   cr_assert_eq(moejit_memcpy_dtoh(ctx, host, split, total, NULL), MOEJIT_OK);
   cr_assert_eq(moejit_ctx_synchronize(ctx), MOEJIT_OK, "%s", moejit_last_error());
   cr_expect(all_poison(host + zero, total - zero), "%s: MOEJIT_GEMM_KSPLIT=0 wrote partials", what);
-  void *bufs[] = {(void *)a.a, (void *)a.w, a.out, (void *)a.expert_offsets, (void *)a.row_scale};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) moejit_mem_free(ctx, bufs[i], NULL);
+  args_free(ctx, &a);
   free(host), free(halves), free(off), free(half_ref);
   io_free(&io);
 }

@@ -378,10 +378,11 @@ Test(layer, gemm2_splits_along_k_in_graph_replay) {
    * come first */
   size_t ws = 0;
   OPS_OK(moejit_moe_workspace_size(m, t, &ws));
-  unsigned char *counts = malloc(m->gemm2_split_zero);
+  const size_t zero = MOEJIT_GEMM2_SPLIT_ZERO_BYTES(mj_ctx_sm_count(ctx));
+  unsigned char *counts = malloc(zero);
   cr_assert(counts);
-  ops_download(counts, (const char *)io.d_ws + ws - m->gemm2_split_bytes, m->gemm2_split_zero);
-  for (size_t i = 0; i < m->gemm2_split_zero; i++)
+  ops_download(counts, (const char *)io.d_ws + ws - m->gemm2_split_bytes, zero);
+  for (size_t i = 0; i < zero; i++)
     cr_assert_eq(counts[i], 0, "counter byte %zu left %d", i, counts[i]);
   moejit_graph *g = capture(&io, t, stream);
   for (int rep = 0; rep < 2; rep++) {
