@@ -24,14 +24,17 @@ static void run_usage(FILE *f) {
       "runs it on random inputs, checks sampled tokens against a float64 CPU\n"
       "reference, and times it eager and CUDA-graph-replayed (each timed run from a\n"
       "cold L2, as in a model) against its floor\n"
-      "max(GEMM FLOPs / 750 TFLOP/s, bytes / 3.0 TB/s). With no CONFIG, the\n"
-      "embedded default preset (%s). Without a GPU it compiles every kernel\n"
-      "for the target arch instead, says so and exits 0.\n"
+      "max(GEMM FLOPs / 750 TFLOP/s, bytes / 3.0 TB/s), an H100's ceilings unless\n"
+      "--ceilings gives this GPU's. With no CONFIG, the embedded default preset\n"
+      "(%s). Without a GPU it compiles every kernel for the target arch\n"
+      "instead, says so and exits 0.\n"
       "\n"
       "options:\n"
       "  --preset NAME      an embedded preset instead of a file\n"
       "  --tokens LIST      token counts, e.g. 1,32,256 (default 1,32,256,2048,16384)\n"
       "  --iters N          timed runs per point, median reported (default 20)\n"
+      "  --ceilings F,B     the floor's ceilings: dense GEMM TFLOP/s and read TB/s this\n"
+      "                     GPU reaches (default 750,3.0, measured on an H100 80GB HBM3)\n"
       "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, ~/.cache/moejit)\n"
       "  --json             print one JSON object instead of tables\n"
       "\n"
@@ -71,6 +74,23 @@ static int parse_tokens(const char *text, run_args *a) {
   return a->n_tokens > 0 || (fprintf(stderr, "moejit: --tokens is empty\n"), 0);
 }
 
+/* "F,B": TFLOP/s in (0, 100000], TB/s in (0, 1000]. */
+static int parse_ceilings(const char *text, run_args *a) {
+  char *end = NULL, *end2 = NULL;
+  const double f = strtod(text, &end);
+  const double b = end != text && *end == ',' ? strtod(end + 1, &end2) : NAN;
+  if (!(f > 0 && f <= 1e5) || !(b > 0 && b <= 1e3) || end2 == end + 1 || (end2 && *end2)) {
+    fprintf(stderr,
+            "moejit: --ceilings: '%s' is not TFLOPS,TBPS (e.g. 750,3.0: the dense GEMM rate "
+            "in TFLOP/s, up to 100000, and the read rate in TB/s, up to 1000, that this GPU "
+            "reaches)\n",
+            text);
+    return 0;
+  }
+  a->ceil_tflops = f, a->ceil_tbps = b, a->ceilings_given = 1;
+  return 1;
+}
+
 static int parse_args(int argc, char **argv, run_args *a) {
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
@@ -83,6 +103,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
       if (bad || !parse_tokens(v, a)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--iters", &v, &bad)) {
       if (bad || !cli_parse_int("--iters", v, 1, 100000, &a->iters)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--ceilings", &v, &bad)) {
+      if (bad || !parse_ceilings(v, a)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--ep", &v, &bad)) {
       if (bad || !cli_parse_int("--ep", v, 1, MOEJIT_EP_MAX_WORLD, &a->ep)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--ep-rank", &v, &bad)) {
@@ -219,7 +241,11 @@ static int run_without_gpu(const run_args *a, const moejit_spec *s, const char *
 }
 
 int cli_run(int argc, char **argv) {
-  run_args a = {.iters = 20, .ep_rank = -1, .ep_device = -1};
+  run_args a = {.iters = 20,
+                .ep_rank = -1,
+                .ep_device = -1,
+                .ceil_tflops = RUN_CEIL_TFLOPS,
+                .ceil_tbps = RUN_CEIL_TBPS};
   int rc = parse_args(argc, argv, &a);
   if (rc == -1) {
     run_usage(stdout);

@@ -11,8 +11,6 @@
 #include "cli/cli.h"
 #include "cli/run_data.h"
 
-#define PEAK_FLOPS 750e12 /* dense bf16 GEMM, cuBLAS on the H100 (DESIGN.md) */
-#define PEAK_BYTES 3.0e12 /* read-only weight streaming on the H100 */
 #define WARMUPS 3
 #define MAX_SAMPLES 8
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -377,7 +375,8 @@ static void finish_point(const gpu_state *g, point *p) {
   p->flops = moejit_moe_flops(s, p->tokens);
   p->weight_bytes = wbytes * p->active;
   p->io_bytes = (double)p->tokens * s->hidden * (act_size(s) + moejit_dtype_size(s->out_dtype));
-  p->floor_ms = 1e3 * max2(p->flops / PEAK_FLOPS, (p->weight_bytes + p->io_bytes) / PEAK_BYTES);
+  p->floor_ms = 1e3 * max2(p->flops / (g->a->ceil_tflops * 1e12),
+                           (p->weight_bytes + p->io_bytes) / (g->a->ceil_tbps * 1e12));
   p->ok = !p->problem[0];
 }
 
@@ -455,12 +454,16 @@ static void print_text(const gpu_state *g) {
            p->active, p->rel_err, p->ok ? "ok" : p->problem);
   }
   printf(
-      "floor = max(FLOPs of both GEMMs / 750 TFLOP/s, (active experts' W1+W2 + x + out bytes) "
-      "/ 3.0 TB/s); %% floor and the rates use the graph time. Active experts: the distinct "
+      "floor = max(FLOPs of both GEMMs / %g TFLOP/s, (active experts' W1+W2 + x + out bytes) "
+      "/ %g TB/s)%s; %% floor and the rates use the graph time. Active experts: the distinct "
       "experts the routing chose, counted from the ids on the host. Times: median of %d "
-      "CUDA-event-timed runs each, eager and graph alternating, after %d warm-ups. Check: up to %d sampled tokens against a "
-      "float64 reference, graph replay bitwise equal to eager.\n",
-      g->a->iters, WARMUPS, MAX_SAMPLES);
+      "CUDA-event-timed runs each, eager and graph alternating, after %d warm-ups. Check: up to "
+      "%d sampled tokens against a float64 reference, graph replay bitwise equal to eager.\n",
+      g->a->ceil_tflops, g->a->ceil_tbps, g->a->ceilings_given ? " (--ceilings)" : "", g->a->iters,
+      WARMUPS, MAX_SAMPLES);
+  if (!g->a->ceilings_given && strcmp(g->dev.name, RUN_CEIL_DEVICE) != 0)
+    printf("note: those ceilings are an %s's; --ceilings TFLOPS,TBPS sets this GPU's.\n",
+           RUN_CEIL_DEVICE);
 }
 
 /* What each GEMM runs at each token count (moejit_model_gemm_choice). */
@@ -520,7 +523,9 @@ static void print_json(const gpu_state *g, int ok) {
   cli_print_load_json(&g->warm);
   printf(",\"gemm_choices\":");
   print_choices_json(g);
-  printf(",\"iters\":%d,\"points\":[", g->a->iters);
+  printf(",\"iters\":%d,\"ceilings\":{\"tflops\":%g,\"tbps\":%g,\"from\":\"%s\"},\"points\":[",
+         g->a->iters, g->a->ceil_tflops, g->a->ceil_tbps,
+         g->a->ceilings_given ? "--ceilings" : "default");
   for (int i = 0; i < g->n_points; i++) {
     if (i) printf(",");
     print_point_json(&g->points[i]);

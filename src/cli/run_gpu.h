@@ -15,7 +15,17 @@ typedef struct run_args {
   /* --ep N: expert parallelism over N ranks (run_ep.c); 0: one GPU */
   int ep, ep_rank, ep_device; /* ep_rank -1: launch all ranks here */
   const char *ep_id_file, *ep_route;
+  /* the floor's ceilings (--ceilings): dense GEMM TFLOP/s and read TB/s;
+   * by default an H100's (RUN_CEIL_TFLOPS, RUN_CEIL_TBPS) */
+  double ceil_tflops, ceil_tbps;
+  int ceilings_given;
 } run_args;
+
+/* The H100 80GB HBM3's measured ceilings (dense bf16 cuBLAS GEMM, read-only
+ * streaming): the floor's defaults, and the device they were measured on. */
+#define RUN_CEIL_TFLOPS 750.0
+#define RUN_CEIL_TBPS 3.0
+#define RUN_CEIL_DEVICE "NVIDIA H100 80GB HBM3"
 
 /* Monotonic clock, milliseconds. */
 double run_now_ms(void);

@@ -63,7 +63,8 @@ Test(cli_run, config_file_argument) {
   char path[1100];
   snprintf(path, sizeof path, "%s/configs/models/qwen3-30b-a3b.yaml", MOEJIT_TEST_SOURCE_DIR);
   char *out = NULL;
-  const char *args[] = {"run", path, "--cache-dir", dir, "--json", "--tokens", "1,7", NULL};
+  const char *args[] = {"run",      path,  "--cache-dir", dir,      "--json",
+                        "--tokens", "1,7", "--ceilings",  "1500,6", NULL};
   int rc = run_cli(args, &out, NULL);
   cr_assert_eq(rc, 0, "exit %d: %s", rc, out);
   cr_expect(ts_json_valid(out), "json: %s", out);
@@ -88,13 +89,21 @@ Test(cli_run, usage_errors_exit_2) {
   const char *bad_iters[] = {"run", "--iters", "-3", NULL};
   const char *unknown[] = {"run", "--frobnicate", NULL};
   const char *two_configs[] = {"run", "a.yaml", "b.yaml", NULL};
-  const char *const *cases[] = {bad_tokens, zero_tokens, bad_iters, unknown, two_configs};
+  const char *one_ceiling[] = {"run", "--ceilings", "750", NULL};
+  const char *zero_ceiling[] = {"run", "--ceilings", "0,3", NULL};
+  const char *bad_ceiling[] = {"run", "--ceilings", "750,3x", NULL};
+  const char *huge_ceiling[] = {"run", "--ceilings", "750,inf", NULL};
+  const char *const *cases[] = {bad_tokens,  zero_tokens,  bad_iters,   unknown,     two_configs,
+                                one_ceiling, zero_ceiling, bad_ceiling, huge_ceiling};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);
     cr_expect_eq(rc, 2, "moejit %s %s: exit %d: %s", cases[i][1], cases[i][2] ? cases[i][2] : "",
                  rc, err);
     cr_expect(err && *err, "moejit %s: no message", cases[i][1]);
+    if (strcmp(cases[i][1], "--ceilings") == 0)
+      cr_expect(err && strstr(err, "--ceilings") && strstr(err, cases[i][2]),
+                "the message names the option and its value: %s", err);
     free(err);
   }
 }
@@ -103,7 +112,9 @@ Test(cli_run, help_and_listing) {
   char *out = NULL;
   const char *help[] = {"run", "--help", NULL};
   cr_assert_eq(run_cli(help, &out, NULL), 0);
-  cr_expect(strstr(out, "--tokens") && strstr(out, "--iters") && strstr(out, "floor"), "%s", out);
+  cr_expect(strstr(out, "--tokens") && strstr(out, "--iters") && strstr(out, "floor") &&
+                strstr(out, "--ceilings"),
+            "%s", out);
   free(out);
   const char *top[] = {"--help", NULL};
   cr_assert_eq(run_cli(top, &out, NULL), 0);

@@ -456,8 +456,15 @@ Test(layer_tuned, choice_arguments) {
   moejit_model_destroy(m);
 }
 
+/* The first point's floor_ms in `moejit run --json` output, -1 if none. */
+static double first_floor_ms(const char *json) {
+  const char *p = json ? strstr(json, "\"floor_ms\":") : NULL;
+  return p ? strtod(p + strlen("\"floor_ms\":"), NULL) : -1.0;
+}
+
 /* `moejit run` on a config of the small shape: each kernel's source and
- * detail, and per T what each GEMM runs (text and JSON). */
+ * detail, and per T what each GEMM runs (text and JSON), and the floor's
+ * ceilings (--ceilings). */
 Test(layer_tuned, moejit_run_shows_sources_and_choices) {
   OPS_REQUIRE_GPU();
   moejit_spec s = small_spec();
@@ -484,6 +491,21 @@ Test(layer_tuned, moejit_run_shows_sources_and_choices) {
   cr_expect(ts_json_valid(out), "not one JSON value: %s", out);
   cr_expect(strstr(out, "\"gemm1\":{\"source\":\"tuned_nearest\""), "json: %s", out);
   cr_expect(strstr(out, "\"source\":\"tuned\",\"detail\":"), "json: %s", out);
+  cr_expect(strstr(out, "\"ceilings\":{\"tflops\":750,\"tbps\":3,\"from\":\"default\"}"),
+            "json: %s", out);
+  /* --ceilings twice the defaults: every floor halves (T = 1 picks 2 distinct
+   * experts every time, so its floor does not depend on the draw) */
+  const double floor1 = first_floor_ms(out);
+  free(out), free(err);
+  const char *faster[] = {"run", cfg,      "--tokens",   "1",      "--iters",
+                          "2",   "--json", "--ceilings", "1500,6", NULL};
+  rc = ts_run_cli(faster, NULL, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstderr: %s", rc, err);
+  cr_expect(strstr(out, "\"ceilings\":{\"tflops\":1500,\"tbps\":6,\"from\":\"--ceilings\"}"),
+            "json: %s", out);
+  const double floor2 = first_floor_ms(out);
+  cr_expect(floor1 > 0 && fabs(floor2 * 2 - floor1) <= 0.01 * floor1,
+            "floor %.6f ms with --ceilings 1500,6 against %.6f by default", floor2, floor1);
   free(out), free(err);
   free(cfg);
   unsetenv("MOEJIT_TUNED_DIR");
