@@ -18,8 +18,7 @@
 #include "bench_clock.h"
 #include "bench_gemm_peers.h"
 
-#define PEAK_FLOPS 750e12 /* the floor's rate where dense cuBLAS could not run */
-#define PEAK_BYTES 3.0e12
+#define PEAK_FLOPS 750e12              /* the floor's rate where dense cuBLAS could not run */
 #define CHUNK_BYTES ((size_t)64 << 20) /* random host data tiled over device buffers */
 #define ROTATE_BYTES 100e6             /* 2x the H100 L2: inputs rotate until this much */
 #define MAX_SETS 16
@@ -72,6 +71,9 @@ static char g_peers_why[PEER_WHY_MAX];
 static int g_n_sets_max, g_iters; /* for the footer */
 static int g_rounds = 3;          /* --rounds */
 static double g_heat_ms = 0;      /* --heat-ms */
+/* --read-tbps: the floor's read rate, bytes/s (default: an H100 80GB HBM3's
+ * read-only stream, DESIGN.md) */
+static double g_read_bytes_per_s = 3.0e12;
 static int g_balanced;            /* --routing balanced */
 
 /* Tuned gemm1 rows that gathered (read x in place): each checked once against the copied
@@ -441,7 +443,7 @@ static void report(const char *preset, const char *gemm, moejit_gemm_path path, 
   snprintf(p.preset, sizeof p.preset, "%s", preset);
   p.dense_tflops = flops / (pt->dense * 1e-6) / 1e12; /* NAN if dense failed */
   p.floor_tflops = isnan(p.dense_tflops) ? PEAK_FLOPS / 1e12 : p.dense_tflops;
-  p.floor_us = fmax(flops / (p.floor_tflops * 1e12), bytes / PEAK_BYTES) * 1e6;
+  p.floor_us = fmax(flops / (p.floor_tflops * 1e12), bytes / g_read_bytes_per_s) * 1e6;
   p.tflops = flops / (us * 1e-6) / 1e12;
   p.tbs = bytes / (us * 1e-6) / 1e12;
   p.speedup = fmin(pt->loop, pt->grouped) / us;
@@ -830,9 +832,10 @@ static void csv_row(const point *p) {
 }
 
 static void print_footer(int fallbacks, int met, int gathered) {
-  printf("# floor = max(FLOPs / dense TFLOP/s of the same point, bytes / %.1f TB/s), bytes = the\n"
-         "#   active experts' weights + A + C once; TB/s = those bytes / time.\n",
-         PEAK_BYTES / 1e12);
+  printf(
+      "# floor = max(FLOPs / dense TFLOP/s of the same point, bytes / %g TB/s%s), bytes = the\n"
+      "#   active experts' weights + A + C once; TB/s = those bytes / time.\n",
+      g_read_bytes_per_s / 1e12, g_read_bytes_per_s == 3.0e12 ? ", an H100's read rate" : "");
   printf("# dense = one cublasGemmEx of equal FLOPs (M = T*k rows, the GEMM's N and K; gemm1: N =\n"
          "#   2f, gate and up, no SwiGLU) on one expert's weights. It has no routing: it sets the\n"
          "#   floor and the dense target, and is not a peer.\n");
@@ -1073,7 +1076,7 @@ static void usage(void) {
       "usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)] "
       "[--rounds N]\n"
       "                         [--heat-ms MS] [--path auto|mma|wgmma|gemv|tuned|both|compare]\n"
-      "                         [--routing uniform|balanced] [--csv FILE] "
+      "                         [--routing uniform|balanced] [--read-tbps X] [--csv FILE] "
       "[--smoke]\n"
       "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE"
       "[,CLUSTER_N]]]]]\n"
@@ -1093,7 +1096,8 @@ static void usage(void) {
       "and each peer in turn N times, who goes first changing every round, and keeps the\n"
       "median.\n"
       "Floor = max(FLOPs / dense TFLOP/s, bytes / 3.0 TB/s), bytes = active experts'\n"
-      "weights + A + C. Prints one table with the targets each row meets or misses\n"
+      "weights + A + C; 3.0 TB/s is an H100's read rate, --read-tbps X gives this GPU's.\n"
+      "Prints one table with the targets each row meets or misses\n"
       "(docs/gemm.md); --csv FILE writes the same rows.\n"
       "--path both prints an mma row and a wgmma row per point (wgmma needs sm_90a);\n"
       "gemv runs the weight-streaming decode kernel at any T (AUTO takes it at T*k <= 8);\n"
@@ -1136,6 +1140,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "moejit_bench_gemm: --heat-ms '%s': a number of ms, 0 to 10000\n", v);
         return 2;
       }
+    } else if (!strcmp(argv[i], "--read-tbps") && i + 1 < argc) {
+      const char *v = argv[++i];
+      char *end = NULL;
+      const double tbps = strtod(v, &end);
+      if (end == v || *end || !(tbps > 0 && tbps <= 1000)) {
+        fprintf(stderr,
+                "moejit_bench_gemm: --read-tbps '%s': the read rate this GPU reaches, in TB/s "
+                "(above 0, up to 1000)\n",
+                v);
+        return 2;
+      }
+      g_read_bytes_per_s = tbps * 1e12;
     } else if (!strcmp(argv[i], "--path") && i + 1 < argc && parse_paths(argv[i + 1])) {
       i++;
     } else if ((!strcmp(argv[i], "--gemm1") || !strcmp(argv[i], "--gemm2")) && i + 1 < argc &&

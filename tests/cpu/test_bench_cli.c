@@ -33,8 +33,9 @@ Test(bench_cli, gemm_help_names_its_options) {
   need(BENCH_GEMM);
   char *out = NULL;
   cr_assert_eq(RUN(BENCH_GEMM, &out, NULL, "--help"), 0);
-  const char *options[] = {"--preset",  "--tokens", "--iters", "--rounds", "--heat-ms", "--path",
-                           "--routing", "--csv",    "--smoke", "--gemm1",  "--gemm2"};
+  const char *options[] = {"--preset",  "--tokens", "--iters",   "--rounds",
+                           "--heat-ms", "--path",   "--routing", "--csv",
+                           "--smoke",   "--gemm1",  "--gemm2",   "--read-tbps"};
   for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
     cr_expect_not_null(strstr(out, options[i]), "--help does not mention %s:\n%s", options[i], out);
   free(out);
@@ -54,6 +55,9 @@ Test(bench_cli, gemm_refuses_bad_arguments_and_says_which) {
       {{"--rounds", "10"}, "--rounds: 1 to"},
       {{"--tokens", "0"}, "each T must be >= 1"},
       {{"--routing", "random"}, "--routing 'random': uniform or balanced"},
+      {{"--read-tbps", "0"}, "--read-tbps '0'"},
+      {{"--read-tbps", "3.0x"}, "--read-tbps '3.0x'"},
+      {{"--read-tbps", "5000"}, "up to 1000"},
       {{"--no-such-option"}, "usage: moejit_bench_gemm"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
