@@ -140,6 +140,17 @@ MOEJIT_API moejit_compiler *moejit_ctx_compiler(moejit_ctx *ctx);
  * that faulted). Blocks the calling thread. */
 MOEJIT_API moejit_status moejit_ctx_synchronize(moejit_ctx *ctx);
 
+/* Demotes every line the device's L2 holds with the persisting (evict_last)
+ * priority to normal (cuCtxResetPersistingL2Cache), so that other data
+ * streaming through L2 evicts them as it evicts the rest. moejit's kernels
+ * store GEMM outputs of up to 48 MB and the gathered rows of x that way; a
+ * benchmark that empties L2 between timed runs by reading a large buffer
+ * needs this call first, or those lines outlive its flush (`moejit run`
+ * does both). Acts when called, not in stream order: call it while none of
+ * the ctx's work runs (after a synchronize). UNSUPPORTED where the driver
+ * lacks the call (before CUDA 11.0). Thread-safe. */
+MOEJIT_API moejit_status moejit_ctx_reset_persisting_l2(moejit_ctx *ctx);
+
 /* ------------------------------------------------------------------------ */
 /* Device memory and pinned host memory                                     */
 /* ------------------------------------------------------------------------ */

@@ -218,12 +218,17 @@ static double median_of(float *ms, int n) {
 }
 
 /* Empties L2 of what the last run left there, as a model's other layers do
- * between two calls of this one: reads FLUSH_TIMES the L2's size, in copies
- * into one FLUSH_CHUNK target, so L2 is left with clean lines and one dirty
- * chunk (a memset would leave it full of dirty lines, whose write-back the
- * timed run would pay for: about 17 µs on an H100). */
+ * between two calls of this one: demotes the lines the kernels stored with
+ * the evict_last policy (h, y, gathered x rows), which a stream of other
+ * data does not evict otherwise, then reads FLUSH_TIMES the L2's size, in
+ * copies into one FLUSH_CHUNK target, so L2 is left with clean lines and
+ * one dirty chunk (a memset would leave it full of dirty lines, whose
+ * write-back the timed run would pay for: about 17 µs on an H100). The
+ * last run was waited for, so the demotion (not stream-ordered) sees all
+ * of its lines; a driver without it keeps them, as before 2026-11-27. */
 static moejit_status flush_l2(gpu_state *g) {
-  moejit_status st = MOEJIT_OK;
+  moejit_status st = moejit_ctx_reset_persisting_l2(g->ctx);
+  if (st == MOEJIT_ERR_UNSUPPORTED) st = MOEJIT_OK;
   for (size_t off = FLUSH_CHUNK; off + FLUSH_CHUNK <= g->flush_bytes && !st; off += FLUSH_CHUNK)
     st = moejit_memcpy_dtod(g->ctx, g->flush, (char *)g->flush + off, FLUSH_CHUNK, g->stream);
   return st;

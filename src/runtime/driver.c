@@ -76,10 +76,12 @@ static const driver_symbol driver_symbols[] = {
     OPT(FuncGetParamInfo, "cuFuncGetParamInfo", "cuFuncGetParamInfo", 12040),
     OPT(TensorMapEncodeTiled, "cuTensorMapEncodeTiled", "cuTensorMapEncodeTiled",
         MJ_DRIVER_ABI_VERSION),
-    OPT(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters",
-        "cuOccupancyMaxActiveClusters", MJ_DRIVER_ABI_VERSION),
+    OPT(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters", "cuOccupancyMaxActiveClusters",
+        MJ_DRIVER_ABI_VERSION),
     OPT(StreamIsCapturing, "cuStreamIsCapturing", "cuStreamIsCapturing", MJ_DRIVER_ABI_VERSION),
     OPT(EventRecordWithFlags, "cuEventRecordWithFlags", "cuEventRecordWithFlags",
+        MJ_DRIVER_ABI_VERSION),
+    OPT(CtxResetPersistingL2Cache, "cuCtxResetPersistingL2Cache", "cuCtxResetPersistingL2Cache",
         MJ_DRIVER_ABI_VERSION),
 };
 

@@ -178,6 +178,7 @@ typedef struct mj_driver {
   PFN_cuOccupancyMaxActiveClusters_v11070 OccupancyMaxActiveClusters; /* persistent clusters */
   PFN_cuStreamIsCapturing_v10000 StreamIsCapturing; /* expert parallelism's exact mode */
   PFN_cuEventRecordWithFlags_v11010 EventRecordWithFlags; /* events inside a capture */
+  PFN_cuCtxResetPersistingL2Cache_v11000 CtxResetPersistingL2Cache; /* benchmarks' L2 flush */
 } mj_driver;
 
 /* Loads libcuda and resolves the table, once per process (thread-safe).

@@ -172,6 +172,8 @@ Test(runtime_nodriver, null_arguments_are_refused_without_a_driver) {
   expect_invalid(moejit_device_query(-1, &info), "-1");
   expect_invalid(moejit_ctx_device_info(NULL, &info), "ctx is NULL");
   expect_invalid(moejit_ctx_synchronize(NULL), "ctx is NULL");
+  expect_invalid(moejit_ctx_reset_persisting_l2(NULL),
+                 "moejit_ctx_reset_persisting_l2: ctx is NULL");
   expect_invalid(moejit_mem_alloc(NULL, 16, NULL, &p), "moejit_mem_alloc: ctx is NULL");
   expect_invalid(moejit_mem_free(NULL, &n, NULL), "moejit_mem_free");
   expect_invalid(moejit_memcpy_htod(NULL, &n, &n, 4, NULL), "moejit_memcpy_htod");

@@ -79,6 +79,21 @@ Test(runtime_gpu, ctx_reports_the_device) {
   moejit_ctx_destroy(ctx);
 }
 
+/* The driver table resolves cuCtxResetPersistingL2Cache (every driver of
+ * CUDA 11.0 or later has it: `moejit run`'s L2 flush relies on it), and the
+ * ctx works on after it. */
+Test(runtime_gpu, persisting_l2_lines_can_be_demoted) {
+  require_gpu();
+  moejit_ctx *ctx = make_ctx(NULL);
+  OK(moejit_ctx_reset_persisting_l2(ctx));
+  OK(moejit_ctx_synchronize(ctx));
+  OK(moejit_ctx_reset_persisting_l2(ctx));
+  size_t free_b = 0, total_b = 0;
+  OK(moejit_mem_get_info(ctx, &free_b, &total_b));
+  cr_expect_gt(free_b, 0);
+  moejit_ctx_destroy(ctx);
+}
+
 Test(runtime_gpu, a_bad_ordinal_is_refused) {
   require_gpu();
   int n = 0;
