@@ -10,6 +10,8 @@
 # Two variants of the expert MLP: "eager loop" (a Python loop over experts that got tokens) and
 # "grouped_mm" (torch._grouped_mm, one call per GEMM; 'n/a' where unavailable or it fails).
 # Timing: 3 warm-up runs, then CUDA events around each run (synchronised), median of --iters.
+# Each timed run starts from a cold L2, as in `moejit run`: before it, twice the L2's size is
+# read in 1 MiB device copies into one 1 MiB target (not timed); --warm-l2 skips that.
 # Weights: W1 [E, 2f, d] (gate rows, then up rows), W2 [E, d, f], random, made on the device.
 #
 # Run (H100, PyTorch >= 2.8 for _grouped_mm):
@@ -138,13 +140,30 @@ def layer_grouped(p, x, logits, w1, w2, bias):
     return combine(x, ys, tok, ws)
 
 
-def time_ms(fn, dev, iters, warmup=3):
+def make_l2_flush(dev, warm):
+    """A function that empties L2 before a timed run (None on the CPU or with --warm-l2):
+    reads twice the L2's size into one 1 MiB target, so L2 is left with clean lines."""
+    if dev.type != "cuda" or warm:
+        return None
+    chunk = 1 << 20
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20)
+    buf = torch.ones(chunk + (2 * l2 + chunk - 1) // chunk * chunk, dtype=torch.uint8, device=dev)
+
+    def flush():
+        for off in range(chunk, buf.numel(), chunk):
+            buf[:chunk].copy_(buf[off:off + chunk])
+    return flush
+
+
+def time_ms(fn, dev, iters, warmup=3, flush=None):
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
         if dev.type == "cuda":
             t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if flush:
+                flush()
             t0.record()
             fn()
             t1.record()
@@ -164,15 +183,19 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny made-up shapes (smoke test)")
+    ap.add_argument("--warm-l2", action="store_true",
+                    help="time runs back to back, L2 warm (the default empties it before each)")
     ap.add_argument("--bias-scale", type=float, default=0.1,
                     help="std of DeepSeek's random selection bias (0: none, as moejit run)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     torch.manual_seed(0)
     has_gmm = hasattr(torch, "_grouped_mm")
+    flush = make_l2_flush(dev, args.warm_l2)
     print(f"torch {torch.__version__}, device {dev}"
           + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
-          + f", _grouped_mm {'present' if has_gmm else 'absent'}", flush=True)
+          + f", _grouped_mm {'present' if has_gmm else 'absent'}"
+          + f", L2 {'warm' if flush is None else 'emptied before each timed run'}", flush=True)
     print(f"{'preset':<16}{'T':>7}{'eager loop ms':>15}{'grouped_mm ms':>15}{'max |diff|':>12}{'experts':>9}",
           flush=True)
     for name in args.presets.split(","):
@@ -185,12 +208,12 @@ def main():
             run_loop = lambda: layer_loop(p, x, logits, w1, w2, bias)
             run_gmm = lambda: layer_grouped(p, x, logits, w1, w2, bias)
             with torch.no_grad():
-                loop_ms = time_ms(run_loop, dev, args.iters)
+                loop_ms = time_ms(run_loop, dev, args.iters, flush=flush)
                 gmm, diff = "n/a", ""
                 if has_gmm:
                     try:  # check it agrees with the loop, then time it
                         diff = (run_gmm().float() - run_loop().float()).abs().max().item()
-                        gmm, diff = f"{time_ms(run_gmm, dev, args.iters):.3f}", f"{diff:.3g}"
+                        gmm, diff = f"{time_ms(run_gmm, dev, args.iters, flush=flush):.3f}", f"{diff:.3g}"
                     except (RuntimeError, NotImplementedError) as err:
                         gmm, diff = "n/a", ""
                         print(f"  grouped_mm failed: {str(err).splitlines()[0][:100]}", flush=True)
