@@ -73,7 +73,8 @@ static int g_rounds = 3;          /* --rounds */
 static double g_heat_ms = 0;      /* --heat-ms */
 /* --read-tbps: the floor's read rate, bytes/s (default: an H100 80GB HBM3's
  * read-only stream, DESIGN.md) */
-static double g_read_bytes_per_s = 3.0e12;
+#define H100_READ_BYTES_PER_S 3.0e12
+static double g_read_bytes_per_s = H100_READ_BYTES_PER_S;
 static int g_balanced;            /* --routing balanced */
 
 /* Tuned gemm1 rows that gathered (read x in place): each checked once against the copied
@@ -835,7 +836,8 @@ static void print_footer(int fallbacks, int met, int gathered) {
   printf(
       "# floor = max(FLOPs / dense TFLOP/s of the same point, bytes / %g TB/s%s), bytes = the\n"
       "#   active experts' weights + A + C once; TB/s = those bytes / time.\n",
-      g_read_bytes_per_s / 1e12, g_read_bytes_per_s == 3.0e12 ? ", an H100's read rate" : "");
+      g_read_bytes_per_s / 1e12,
+      g_read_bytes_per_s == H100_READ_BYTES_PER_S ? ", an H100's read rate" : "");
   printf("# dense = one cublasGemmEx of equal FLOPs (M = T*k rows, the GEMM's N and K; gemm1: N =\n"
          "#   2f, gate and up, no SwiGLU) on one expert's weights. It has no routing: it sets the\n"
          "#   floor and the dense target, and is not a peer.\n");
