@@ -197,26 +197,24 @@ void mj_ctx_leave(moejit_ctx *ctx) {
   (void)ctx->d->CtxPopCurrent(&popped);
 }
 
-/* A context-wide driver call without arguments (cuCtxSynchronize,
- * cuCtxResetPersistingL2Cache), made with the ctx's context current. */
-static moejit_status ctx_call(moejit_ctx *ctx, CUresult (*fn)(void), const char *name) {
-  moejit_status st = mj_ctx_enter(ctx);
-  if (st != MOEJIT_OK) return st;
-  st = mj_cu_check(fn(), name);
-  mj_ctx_leave(ctx);
-  return mj_ctx_fail(ctx, st);
-}
-
 moejit_status moejit_ctx_reset_persisting_l2(moejit_ctx *ctx) {
   MJ_CHECK_CTX(ctx, "moejit_ctx_reset_persisting_l2");
   if (!ctx->d->CtxResetPersistingL2Cache)
     return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,
                                     "moejit_ctx_reset_persisting_l2: this CUDA driver has no "
                                     "cuCtxResetPersistingL2Cache (CUDA 11.0 and later have it)"));
-  return ctx_call(ctx, ctx->d->CtxResetPersistingL2Cache, "cuCtxResetPersistingL2Cache");
+  moejit_status st = mj_ctx_enter(ctx);
+  if (st != MOEJIT_OK) return st;
+  st = mj_cu_check(ctx->d->CtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache");
+  mj_ctx_leave(ctx);
+  return mj_ctx_fail(ctx, st);
 }
 
 moejit_status moejit_ctx_synchronize(moejit_ctx *ctx) {
   MJ_CHECK_CTX(ctx, "moejit_ctx_synchronize");
-  return ctx_call(ctx, ctx->d->CtxSynchronize, "cuCtxSynchronize");
+  moejit_status st = mj_ctx_enter(ctx);
+  if (st != MOEJIT_OK) return st;
+  st = mj_cu_check(ctx->d->CtxSynchronize(), "cuCtxSynchronize");
+  mj_ctx_leave(ctx);
+  return mj_ctx_fail(ctx, st);
 }
