@@ -35,6 +35,10 @@ static void run_usage(FILE *f) {
       "  --iters N          timed runs per point, median reported (default 20)\n"
       "  --ceilings F,B     the floor's ceilings: dense GEMM TFLOP/s and read TB/s this\n"
       "                     GPU reaches (default 750,3.0, measured on an H100 80GB HBM3)\n"
+      "  --flush MODE       how L2 is emptied before each timed run: demote (default:\n"
+      "                     first demotes the lines stored with the evict_last policy,\n"
+      "                     then reads twice the L2's size) or plain (the reads alone,\n"
+      "                     as a model's other kernels between two calls would leave it)\n"
       "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, ~/.cache/moejit)\n"
       "  --json             print one JSON object instead of tables\n"
       "\n"
@@ -105,6 +109,13 @@ static int parse_args(int argc, char **argv, run_args *a) {
       if (bad || !cli_parse_int("--iters", v, 1, 100000, &a->iters)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--ceilings", &v, &bad)) {
       if (bad || !parse_ceilings(v, a)) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--flush", &v, &bad)) {
+      if (bad) return CLI_EXIT_USAGE;
+      if (strcmp(v, "demote") && strcmp(v, "plain")) {
+        fprintf(stderr, "moejit: --flush '%s' (allowed: demote, plain)\n", v);
+        return CLI_EXIT_USAGE;
+      }
+      a->flush_plain = strcmp(v, "plain") == 0;
     } else if (cli_opt_value(argc, argv, &i, "--ep", &v, &bad)) {
       if (bad || !cli_parse_int("--ep", v, 1, MOEJIT_EP_MAX_WORLD, &a->ep)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--ep-rank", &v, &bad)) {
@@ -120,6 +131,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
     } else if ((rc = cli_positional(argv[i], &a->config, "run"))) {
       return rc;
     }
+  }
+  if (a->ep && a->flush_plain) {
+    fprintf(stderr, "moejit: --flush applies to the one-GPU run; leave it out with --ep\n");
+    return CLI_EXIT_USAGE;
   }
   if (!a->ep && (a->ep_rank >= 0 || a->ep_id_file || a->ep_route || a->ep_device >= 0)) {
     fprintf(stderr, "moejit: --ep-rank, --ep-id-file, --ep-device and --ep-route need --ep N\n");

@@ -225,9 +225,11 @@ static double median_of(float *ms, int n) {
  * one dirty chunk (a memset would leave it full of dirty lines, whose
  * write-back the timed run would pay for: about 17 µs on an H100). The
  * last run was waited for, so the demotion (not stream-ordered) sees all
- * of its lines; a driver without it keeps them, as before 2026-11-27. */
+ * of its lines; a driver without it keeps them, as before 2026-11-27.
+ * --flush plain leaves out the demotion: what the layer leaves in L2 for
+ * the kernels after it then stays there, as in a model. */
 static moejit_status flush_l2(gpu_state *g) {
-  moejit_status st = moejit_ctx_reset_persisting_l2(g->ctx);
+  moejit_status st = g->a->flush_plain ? MOEJIT_OK : moejit_ctx_reset_persisting_l2(g->ctx);
   if (st == MOEJIT_ERR_UNSUPPORTED) st = MOEJIT_OK;
   for (size_t off = FLUSH_CHUNK; off + FLUSH_CHUNK <= g->flush_bytes && !st; off += FLUSH_CHUNK)
     st = moejit_memcpy_dtod(g->ctx, g->flush, (char *)g->flush + off, FLUSH_CHUNK, g->stream);
@@ -462,10 +464,12 @@ static void print_text(const gpu_state *g) {
       "floor = max(FLOPs of both GEMMs / %g TFLOP/s, (active experts' W1+W2 + x + out bytes) "
       "/ %g TB/s)%s; %% floor and the rates use the graph time. Active experts: the distinct "
       "experts the routing chose, counted from the ids on the host. Times: median of %d "
-      "CUDA-event-timed runs each, eager and graph alternating, after %d warm-ups. Check: up to "
-      "%d sampled tokens against a float64 reference, graph replay bitwise equal to eager.\n",
+      "CUDA-event-timed runs each, eager and graph alternating, after %d warm-ups, each after an "
+      "L2 flush (%s). Check: up to %d sampled tokens against a float64 reference, graph replay "
+      "bitwise equal to eager.\n",
       g->a->ceil_tflops, g->a->ceil_tbps, g->a->ceilings_given ? " (--ceilings)" : "", g->a->iters,
-      WARMUPS, MAX_SAMPLES);
+      WARMUPS, g->a->flush_plain ? "plain: evict_last lines stay" : "evict_last lines demoted",
+      MAX_SAMPLES);
   if (!g->a->ceilings_given && strcmp(g->dev.name, RUN_CEIL_DEVICE) != 0)
     printf("note: those ceilings are an %s's; --ceilings TFLOPS,TBPS sets this GPU's.\n",
            RUN_CEIL_DEVICE);
@@ -528,9 +532,11 @@ static void print_json(const gpu_state *g, int ok) {
   cli_print_load_json(&g->warm);
   printf(",\"gemm_choices\":");
   print_choices_json(g);
-  printf(",\"iters\":%d,\"ceilings\":{\"tflops\":%g,\"tbps\":%g,\"from\":\"%s\"},\"points\":[",
-         g->a->iters, g->a->ceil_tflops, g->a->ceil_tbps,
-         g->a->ceilings_given ? "--ceilings" : "default");
+  printf(
+      ",\"iters\":%d,\"flush\":\"%s\",\"ceilings\":{\"tflops\":%g,\"tbps\":%g,\"from\":"
+      "\"%s\"},\"points\":[",
+      g->a->iters, g->a->flush_plain ? "plain" : "demote", g->a->ceil_tflops, g->a->ceil_tbps,
+      g->a->ceilings_given ? "--ceilings" : "default");
   for (int i = 0; i < g->n_points; i++) {
     if (i) printf(",");
     print_point_json(&g->points[i]);

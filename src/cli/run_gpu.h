@@ -19,6 +19,10 @@ typedef struct run_args {
    * by default an H100's (RUN_CEIL_TFLOPS, RUN_CEIL_TBPS) */
   double ceil_tflops, ceil_tbps;
   int ceilings_given;
+  /* --flush plain: the L2 flush before each timed run leaves the lines of
+   * the evict_last policy in place (as a model's other kernels do) instead
+   * of demoting them first */
+  int flush_plain;
 } run_args;
 
 /* The H100 80GB HBM3's measured ceilings (dense bf16 cuBLAS GEMM, read-only

@@ -266,6 +266,32 @@ int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm
   return mj_env_switch("MOEJIT_GEMM1_GATHER", want);
 }
 
+/* What the combine tidies in L2 after the layer (templates/combine.cu):
+ * the lines GEMM 1 and GEMM 2 stored with the evict_last policy (h and y
+ * where each is at most MJ_KEEP_OUTPUT_BYTES), dead by then, are discarded,
+ * and x's lines, which the gathering GEMM 1 read with it, demoted. Without
+ * that they would outlast the layer in L2 and every later kernel would run
+ * with that much less of it and write back the dead dirty lines
+ * (docs/layer.md, "L2 after the layer"). $MOEJIT_LAYER_TIDY=0 leaves them. */
+static void tidy_after(const moejit_model *m, int64_t tokens, const void *x, int gather, void *ws,
+                       const ws_layout *l, mj_combine_tidy *t) {
+  const moejit_spec *s = &m->spec;
+  const size_t act = moejit_dtype_size(s->act_dtype), rows = (size_t)tokens * (size_t)s->top_k;
+  const size_t h_bytes = rows * (size_t)s->expert_width * act;
+  const size_t y_bytes = rows * (size_t)s->hidden * act;
+  memset(t, 0, sizeof *t);
+  if (!mj_env_switch("MOEJIT_LAYER_TIDY", 1)) return;
+  if (h_bytes <= MJ_KEEP_OUTPUT_BYTES) {
+    t->dead = AT(ws, l->h);
+    t->dead_bytes = h_bytes;
+  }
+  t->drop_y = y_bytes <= MJ_KEEP_OUTPUT_BYTES;
+  if (gather) {
+    t->gathered = x;
+    t->gathered_bytes = (size_t)tokens * (size_t)s->hidden * act;
+  }
+}
+
 /* Align, the two GEMMs and combine, routing given (ids, weights). */
 static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const void *x,
                                     const int32_t *ids, const float *weights, const void *w1,
@@ -328,7 +354,9 @@ static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const
                             .row_of = AT(ws, l->row_of),
                             .weights = weights,
                             .out = out};
-  return moejit_combine(m, &cb, stream);
+  mj_combine_tidy tidy;
+  tidy_after(m, tokens, x, gather, ws, l, &tidy);
+  return mj_combine_tidied(m, &cb, &tidy, stream);
 }
 
 moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *x,

@@ -214,6 +214,28 @@ int mj_row_tile_tokens(int64_t hidden, size_t elem_bytes, int block_threads);
  * 32 per SM (more only adds block launches). */
 unsigned mj_tile_grid(const moejit_model *model, int64_t tiles);
 
+/* templates/common/gemm_epilogue.cuh: kMjKeepOutputBytes. A GEMM output of
+ * at most this many bytes (rows * width * element size) is stored with the
+ * L2 evict_last policy. */
+#define MJ_KEEP_OUTPUT_BYTES (48ull << 20)
+
+/* What the whole layer's combine tidies in L2 after the layer
+ * (templates/combine.cu): `dead` (dead_bytes) is discarded, whole 128-byte
+ * lines inside it only; `gathered` (gathered_bytes) demoted to the normal
+ * priority, the same lines; drop_y: each line of y discarded once read (y
+ * must be 128-byte aligned; rows that are not whole lines skip it). */
+typedef struct mj_combine_tidy {
+  const void *dead;
+  size_t dead_bytes;
+  const void *gathered;
+  size_t gathered_bytes;
+  int drop_y;
+} mj_combine_tidy;
+
+/* moejit_combine with `tidy` (NULL: none, as moejit_combine). */
+moejit_status mj_combine_tidied(const moejit_model *model, const moejit_combine_args *args,
+                                const mj_combine_tidy *tidy, moejit_stream stream);
+
 /* ---- argument checks (check.c); each failure records a message --------- */
 
 /* Model non-NULL and holding `family`; args non-NULL. */

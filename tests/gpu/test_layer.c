@@ -628,6 +628,54 @@ Test(layer, gemm1_gather_equals_the_permuted_copy) {
   moejit_model_destroy(m);
 }
 
+/* The combine tidies L2 after the layer (templates/combine.cu): it
+ * discards h's lines and, where y fits the evict_last bound, each line of y
+ * once read, and demotes the lines of x that GEMM 1 gathered. None of that
+ * may change a result or the caller's data: outputs equal a forward without
+ * it ($MOEJIT_LAYER_TIDY=0) to the bit, also in the forward right after one
+ * that discarded (h and y rewritten over dropped lines), and x is intact. On
+ * qwen3-30b-a3b: T = 256 and 1024 keep h and y (8 and 34 MB of y), T = 2048
+ * keeps h only (y 67 MB); GEMM 1 gathers at 256 and 2048 on sm_90a. */
+Test(layer, l2_tidy_changes_no_result) {
+  OPS_REQUIRE_GPU();
+  ts_rng rng = ts_rng_fresh("layer tidy");
+  moejit_load_report r;
+  moejit_model *m = load("qwen3-30b-a3b", &r);
+  layer_io io;
+  io_make(&io, m, 2048, &rng);
+  const moejit_spec *s = io.spec;
+  const int64_t sizes[] = {256, 1024, 2048};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    const int64_t t = sizes[i];
+    const size_t bytes = out_bytes(&io, t), nk = (size_t)t * (size_t)s->top_k;
+    void *plain = malloc(bytes), *tidied = malloc(bytes), *again = malloc(bytes);
+    int32_t *ids = malloc(nk * 4);
+    float *w = malloc(nk * 4);
+    cr_assert(plain && tidied && again && ids && w);
+    setenv("MOEJIT_LAYER_TIDY", "0", 1);
+    run_eager(&io, t, NULL, plain, NULL, NULL);
+    unsetenv("MOEJIT_LAYER_TIDY");
+    run_eager(&io, t, NULL, tidied, ids, w);
+    run_eager(&io, t, NULL, again, NULL, NULL);
+    check_output(&io, t, tidied, ids, w, &rng, "qwen3 (L2 tidied)");
+    cr_assert(memcmp(plain, tidied, bytes) == 0, "T=%lld: tidying changed the output",
+              (long long)t);
+    cr_assert(memcmp(tidied, again, bytes) == 0, "T=%lld: the forward after a tidied one differs",
+              (long long)t);
+    free(plain), free(tidied), free(again), free(ids), free(w);
+  }
+  /* x as it was filled, every element */
+  const size_t xn = (size_t)io.max_tokens * (size_t)s->hidden, as = moejit_dtype_size(s->act_dtype);
+  void *want = malloc(xn * as), *got = malloc(xn * as);
+  cr_assert(want && got);
+  lg_periodic_read(&io.px, 0, xn, want);
+  ops_download(got, io.d_x, xn * as);
+  cr_assert(memcmp(want, got, xn * as) == 0, "x changed under the forwards");
+  free(want), free(got);
+  io_free(&io);
+  moejit_model_destroy(m);
+}
+
 /* ---- refused arguments ----------------------------------------------------------- */
 
 static void expect_refused(const moejit_model *m, const moejit_moe_args *a, const char *field,
