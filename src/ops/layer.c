@@ -2,6 +2,7 @@
  * preset, the workspace layout, and the forward that chains the existing
  * launchers route -> align -> gemm1 + SwiGLU -> gemm2 -> combine, or, at
  * decode sizes, the two launches of the decode layer. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,15 +245,39 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
  *   8.301-8.306; not mixtral-8x7b (f = 14336: 2.56-2.61 / 2.39-2.41 at
  *   T = 2048), deepseek-v3 T = 4096 (x 59 MB: 10.09-10.10 / 9.92-10.03) or
  *   16384 (x 235 MB: 22.7-24.9 / 21.2-21.8), or ping-pong 128-row tiles
- *   (olmoe-1b-7b T = 2048: 0.548-0.552 / 0.497-0.500).
+ *   (olmoe-1b-7b T = 2048: 0.548-0.552 / 0.497-0.500); and not where the
+ *   experts' last M-tiles are short (gather_short_tail_loses below).
  * $MOEJIT_GEMM1_GATHER=1 gathers wherever the kernel can, 0 never. */
 int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
-                         int64_t l2_bytes) {
-  return mj_gemm1_plan_gathers(spec, tokens, &gemm1->plan, l2_bytes);
+                         int64_t l2_bytes, int sms) {
+  return mj_gemm1_plan_gathers(spec, tokens, &gemm1->plan, l2_bytes, sms);
+}
+
+/* Whether gathering loses to the copy at cooperative 128-row tiles because
+ * the experts end in a short M-tile: with one or two whole M-tiles an
+ * expert (uniform routing: T*k/E rows each) and a last one 20-55% full,
+ * over 9 rounds of tiles or more, the gathering kernel reads the shared
+ * weight tiles from DRAM again (qwen3-30b-a3b T = 2560: 1.41 GB against
+ * 0.92 from the copy, GEMM 1 517 against 340 us) while the copy's TMA
+ * tiles, all the same size, do not. Fitted to the layer on an H100
+ * (graph replay, ms, gathered / copied; docs/layer.md, "GEMM 1 reading x
+ * in place"): qwen3-30b-a3b T = 2560 0.72 / 0.61, 3072 0.73 / 0.64, 4608
+ * 0.99 / 0.92, 5120 0.96 / 0.89, olmoe-1b-7b T = 2304 0.58 / 0.54; and
+ * gathering wins or ties outside it (qwen3 T = 2304 with a 12% tail, 3328
+ * and 3584 with 62% and 75%, 7168 with three whole tiles; olmoe-1b-7b
+ * T = 1536, 8 rounds, 0.38 / 0.40). */
+static int gather_short_tail_loses(const moejit_spec *spec, int64_t tokens, const mj_gemm_plan *p,
+                                   int sms) {
+  if (sms <= 0 || p->tile_m != 128 || p->tile_n <= 0) return 0;
+  const double tiles = (double)tokens * spec->top_k / spec->experts / p->tile_m;
+  const double whole = floor(tiles), tail = tiles - whole;
+  const double n_tiles = ceil(2.0 * (double)spec->expert_width / p->tile_n);
+  const double rounds = ceil(tiles) * spec->experts * n_tiles / sms;
+  return whole >= 1 && whole <= 2 && tail >= 0.2 && tail <= 0.55 && rounds >= 9;
 }
 
 int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_plan *p,
-                          int64_t l2_bytes) {
+                          int64_t l2_bytes, int sms) {
   /* pairs along N share A by TMA multicast, which gathering cannot */
   if (!p->use_wgmma || p->wg_narrow || p->wg_cluster_n) return 0;
   int want = p->tile_m == 64;
@@ -261,7 +286,8 @@ int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm
     const double x =
         (double)tokens * (double)spec->hidden * (double)moejit_dtype_size(spec->act_dtype);
     const double share = 2048.0 / (double)spec->expert_width;
-    want = l2_bytes > 0 && x <= (share < 2.0 ? share : 2.0) * (double)l2_bytes;
+    want = l2_bytes > 0 && x <= (share < 2.0 ? share : 2.0) * (double)l2_bytes &&
+           !gather_short_tail_loses(spec, tokens, p, sms);
   }
   return mj_env_switch("MOEJIT_GEMM1_GATHER", want);
 }
@@ -297,7 +323,8 @@ static moejit_status launch_experts(const moejit_model *m, int64_t tokens, const
                                     const int32_t *ids, const float *weights, const void *w1,
                                     const void *w2, void *out, void *ws, const ws_layout *l,
                                     const gemm_choices *c, moejit_stream stream) {
-  const int gather = mj_moe_gemm1_gathers(&m->spec, tokens, &c->gemm[0], mj_ctx_l2_bytes(m->ctx));
+  const int gather = mj_moe_gemm1_gathers(&m->spec, tokens, &c->gemm[0], mj_ctx_l2_bytes(m->ctx),
+                                          mj_ctx_sm_count(m->ctx));
   moejit_align_args g = {.tokens = tokens,
                          .topk_ids = ids,
                          .x = gather ? NULL : x,
@@ -409,7 +436,8 @@ int moejit_moe_gemm1_gathers(const moejit_model *m, int64_t tokens) {
   if (!layer_choices(m, "moejit_moe_gemm1_gathers", tokens, &c) ||
       mj_moe_decode_ok(&m->spec, tokens, &c.gemm[0], &c.gemm[1]))
     return 0;
-  return mj_moe_gemm1_gathers(&m->spec, tokens, &c.gemm[0], mj_ctx_l2_bytes(m->ctx));
+  return mj_moe_gemm1_gathers(&m->spec, tokens, &c.gemm[0], mj_ctx_l2_bytes(m->ctx),
+                              mj_ctx_sm_count(m->ctx));
 }
 
 /* Blocks of MJ_GEMV_WARPS warps for `units` work units: as many rounds as

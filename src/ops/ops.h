@@ -109,14 +109,15 @@ int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choi
 
 /* 1 when GEMM 1 of a forward of `tokens` tokens with this choice gathers
  * its rows from x instead of reading the permuted copy (layer.c says when
- * and why); l2_bytes: the device's L2 (0: unknown). $MOEJIT_GEMM1_GATHER
- * "1" gathers wherever the kernel can, "0" never. Host only. */
+ * and why); l2_bytes: the device's L2 (0: unknown), sms: its SM count (0:
+ * unknown). $MOEJIT_GEMM1_GATHER "1" gathers wherever the kernel can, "0"
+ * never. Host only. */
 int mj_moe_gemm1_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
-                         int64_t l2_bytes);
+                         int64_t l2_bytes, int sms);
 /* The same rule for GEMM 1's launch plan (the autotuner's, which has no
  * choice). */
 int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_plan *plan,
-                          int64_t l2_bytes);
+                          int64_t l2_bytes, int sms);
 
 struct moejit_model {
   moejit_ctx *ctx; /* borrowed */

@@ -364,7 +364,8 @@ static moejit_status gpu_measure(void *state, const mj_tune_group *grp, const mo
   mj_gemm_plan plan;
   if (g->period && g->index &&
       mj_gemm_plan_make_for(spec, 1, path, grp->rows, g->arch, &plan) == MOEJIT_OK)
-    g->gathers = mj_gemm1_plan_gathers(spec, grp->tokens, &plan, mj_ctx_l2_bytes(g->ctx));
+    g->gathers = mj_gemm1_plan_gathers(spec, grp->tokens, &plan, mj_ctx_l2_bytes(g->ctx),
+                                       mj_ctx_sm_count(g->ctx));
   if (g->gathers && !g->ref_gather) { /* the gathered rows' reference, once a group */
     const size_t n = (size_t)g->n_check * (size_t)g->n_out;
     if (!(g->ref_gather = malloc(n * sizeof *g->ref_gather + 1)))

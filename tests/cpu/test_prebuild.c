@@ -300,8 +300,21 @@ Test(prebuild, gemm1_gathers_where_it_was_measured_to_pay) {
       {"deepseek-v3", 2048, 1},    /* 128x256, x 29 MB */
       {"deepseek-v3", 4096, 0},    /* x 59 MB: past L2 x 2048 / f */
       {"deepseek-v3", 16384, 0},   /* x 235 MB */
+      /* 128x256 with 1-2 whole M-tiles an expert and a last one 20-55% full:
+       * the copy (gather_short_tail_loses) */
+      {"qwen3-30b-a3b", 2560, 0}, /* 160 rows an expert: 1 + 25% */
+      {"qwen3-30b-a3b", 3072, 0}, /* 1 + 50% */
+      {"qwen3-30b-a3b", 4608, 0}, /* 2 + 25% */
+      {"qwen3-30b-a3b", 5120, 0}, /* 2 + 50% */
+      {"qwen3-30b-a3b", 2304, 1}, /* 1 + 12% */
+      {"qwen3-30b-a3b", 3584, 1}, /* 1 + 75% */
+      {"qwen3-30b-a3b", 7168, 1}, /* 3 + 50% */
+      {"olmoe-1b-7b", 2304, 0},   /* 2 + 25% */
+      {"olmoe-1b-7b", 1536, 1},   /* 1 + 50%, but 8 rounds of tiles on 132 SMs */
+      {"deepseek-v3", 2560, 1},   /* 80 rows an expert: one M-tile */
   };
   const int64_t l2 = 50 << 20; /* an H100's */
+  const int sms = 132;
   unsetenv("MOEJIT_TUNED_DIR");
   unsetenv("MOEJIT_GEMM1_GATHER");
   mj_tuned_table h100;
@@ -314,20 +327,21 @@ Test(prebuild, gemm1_gathers_where_it_was_measured_to_pay) {
     mj_gemm_variants_collect(&h100, "none", &s, 1, "sm_90a", &v, &row);
     mj_gemm_choice c;
     OK(mj_gemm_choose(&s, &v, 1, cases[i].tokens, "sm_90a", &c));
-    cr_expect_eq(mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2), cases[i].gathers,
+    cr_expect_eq(mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2, sms), cases[i].gathers,
                  "%s T=%lld (tile %dx%d%s): gathers %d", cases[i].preset,
                  (long long)cases[i].tokens, c.plan.tile_m, c.plan.tile_n,
                  c.plan.wg_pingpong ? " ping-pong" : "", cases[i].gathers);
     if (i == 2) {
-      cr_expect(!mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, 0), "no L2 size: no 128-row gather");
-      cr_expect(!mj_moe_gemm1_gathers(&s, 8 * cases[i].tokens, &c, l2), "x past twice the L2");
+      cr_expect(!mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, 0, sms),
+                "no L2 size: no 128-row gather");
+      cr_expect(!mj_moe_gemm1_gathers(&s, 8 * cases[i].tokens, &c, l2, sms), "x past twice the L2");
       setenv("MOEJIT_GEMM1_GATHER", "0", 1);
-      cr_expect(!mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2), "MOEJIT_GEMM1_GATHER=0");
+      cr_expect(!mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2, sms), "MOEJIT_GEMM1_GATHER=0");
       unsetenv("MOEJIT_GEMM1_GATHER");
     }
     if (i == 5) {
       setenv("MOEJIT_GEMM1_GATHER", "1", 1);
-      cr_expect(mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2), "MOEJIT_GEMM1_GATHER=1");
+      cr_expect(mj_moe_gemm1_gathers(&s, cases[i].tokens, &c, l2, sms), "MOEJIT_GEMM1_GATHER=1");
       unsetenv("MOEJIT_GEMM1_GATHER");
     }
   }
