@@ -74,6 +74,14 @@ __device__ __forceinline__ void mj_l2_demote(const void *line) {
   asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(line) : "memory");
 }
 
+// op(line) for lines [0, n) from p, spread over every thread of the grid.
+template <class Op>
+__device__ __forceinline__ void mj_each_line(const char *p, long long n, Op op) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    op(p + i * 128);
+}
+
 // The output vectors of a tile, a thread each. With kDropY every lane of a
 // warp runs every pass (vectors past the tile's end compute nothing), so
 // that after __syncwarp the lanes that have read a line of y are known to
@@ -118,12 +126,8 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
                         long long gathered_lines, int drop_y) {
   __shared__ int rows[kTileTokens * kTopK];
   __shared__ float w[kTileTokens * kTopK];
-  const long long stride = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < dead_lines; i += stride)
-    mj_l2_discard(dead + i * 128);
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < gathered_lines;
-       i += stride)
-    mj_l2_demote(gathered + i * 128);
+  mj_each_line(dead, dead_lines, [](const char *line) { mj_l2_discard(line); });
+  mj_each_line(gathered, gathered_lines, [](const char *line) { mj_l2_demote(line); });
   for (long long tile = blockIdx.x; tile * kTileTokens < tokens; tile += gridDim.x) {
     const int t0 = (int)(tile * kTileTokens);
     const int n_tok = min(kTileTokens, tokens - t0);
