@@ -79,6 +79,16 @@ const char *mj_gemm_path_blocker(const moejit_spec *spec, int which, moejit_gemm
  * MOEJIT_GEMM_GEMV=0 in the environment turns it off. */
 int mj_gemm_gemv_enabled(void);
 
+/* Whether a tuned bucket of `bucket` tokens, run on `path`, may serve
+ * `tokens` (any other T than its own): not at decode sizes (T * k <=
+ * MOEJIT_GEMV_MAX_ROWS), where AUTO runs the GEMV kernel (and the layer its
+ * two-launch decode form), unless the bucket is a GEMV one or a decode size
+ * itself (timed against the GEMV kernel when it was tuned). A table tuned
+ * without T = 1 would otherwise hand T = 1 the tiles of its T = 32 bucket.
+ * Model loads and moejit_tuned_choice both ask it. */
+int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, moejit_gemm_path path,
+                          int64_t tokens);
+
 /* templates/common/gemm_gemv.cuh: warps per block, output columns per warp
  * work unit (GEMM 1: h columns, so twice as many W1 rows; GEMM 2: y
  * columns), resident blocks per SM the launcher sizes the grid for

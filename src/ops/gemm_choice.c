@@ -140,17 +140,20 @@ void mj_gemm_variants_collect(const mj_tuned_table *t, const char *no_table,
 }
 
 /* The variant whose bucket serves `tokens` best, or -1. */
-static int nearest_variant(const mj_gemm_variants *v, int64_t tokens) {
+static int nearest_variant(const moejit_spec *spec, int which, const mj_gemm_variants *v,
+                           int64_t tokens) {
   int best = -1;
-  for (int i = 0; v && i < v->n; i++)
+  for (int i = 0; v && i < v->n; i++) {
+    if (!mj_gemm_bucket_serves(spec, which, v->v[i].tokens, v->v[i].path, tokens)) continue;
     if (best < 0 || mj_tuned_bucket_better(v->v[i].tokens, v->v[best].tokens, tokens)) best = i;
+  }
   return best;
 }
 
 moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v, int which,
                              int64_t tokens, const char *arch, mj_gemm_choice *c) {
   const int64_t rows = tokens * spec->top_k;
-  c->variant = nearest_variant(v, tokens);
+  c->variant = nearest_variant(spec, which, v, tokens);
   c->match = MJ_TUNED_NONE;
   c->fell_back = 0;
   c->why[0] = '\0';

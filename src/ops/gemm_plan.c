@@ -108,6 +108,15 @@ int mj_gemm_gemv_enabled(void) {
   return mj_env_switch("MOEJIT_GEMM_GEMV", 1);
 }
 
+int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, moejit_gemm_path path,
+                          int64_t tokens) {
+  const int64_t k = spec->top_k;
+  if (bucket == tokens || path == MOEJIT_GEMM_PATH_GEMV) return 1;
+  /* a bucket of a decode size was itself timed against the GEMV kernel */
+  if (tokens * k > MOEJIT_GEMV_MAX_ROWS || bucket * k <= MOEJIT_GEMV_MAX_ROWS) return 1;
+  return !mj_gemm_gemv_enabled() || mj_gemm_gemv_blocker(spec, which) != NULL;
+}
+
 int mj_gemm_cfg_equal(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {
   return a->tile_m == b->tile_m && a->tile_n == b->tile_n && a->tile_k == b->tile_k &&
          a->stages == b->stages && a->warps == b->warps && a->cluster_m == b->cluster_m &&

@@ -836,6 +836,8 @@ const mj_tuned_entry *mj_tuned_lookup(const mj_tuned_table *t, const char *kerne
   for (size_t i = 0; t && kernel && spec && i < t->n; i++) {
     const mj_tuned_entry *e = &t->entries[i];
     if (!mj_tuned_entry_shape_is(e, kernel, spec) || mj_tuned_entry_blocker(e, spec)) continue;
+    if (!mj_gemm_bucket_serves(spec, kernel[4] == '1' ? 1 : 2, e->tokens, e->path, tokens))
+      continue;
     if (!best || mj_tuned_bucket_better(e->tokens, best->tokens, tokens)) best = e;
   }
   if (match) *match = best ? mj_tuned_match_of(best->tokens, tokens) : MJ_TUNED_NONE;

@@ -539,7 +539,9 @@ Test(tuned_lookup, nearest_matches_a_brute_force) {
           ts_tuned_entry(&s, "gemm2", b[i], ts_tile(128, 128, 64, 3, 8), MOEJIT_GEMM_PATH_MMA);
       OK(mj_tuned_table_put(&t, &e)); /* a repeated bucket replaces: same rule */
     }
-    int64_t tok = 1 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
+    /* from T = 2 (16 rows): T = 1 is a decode size, which mma buckets do
+     * not serve (a_tile_bucket_does_not_serve_decode_sizes) */
+    int64_t tok = 2 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
     mj_tuned_match m;
     const mj_tuned_entry *e = mj_tuned_lookup(&t, "gemm2", &s, tok, &m);
     cr_assert_not_null(e);
@@ -904,6 +906,82 @@ Test(tuned_pick, gemv_variant_runs_the_gemv_kernel) {
     OK(mj_gemm_choose(&s, &p.v, 2, 6, archs[a], &c));
     cr_expect(c.variant == 1 && c.path == MOEJIT_GEMM_PATH_MMA, "T=6 takes the bucket of 32");
   }
+  mj_tuned_table_free(&t);
+}
+
+/* A table tuned without T = 1 (its first bucket T = 32, a tile path): at
+ * decode sizes the forward keeps AUTO's GEMV kernel (and so the decode
+ * layer) rather than the T = 32 tiles; the first T past them takes the
+ * bucket again. moejit_tuned_choice's lookup agrees. MOEJIT_GEMM_GEMV=0
+ * (no GEMV for AUTO either) lets the bucket serve T = 1. */
+Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
+  moejit_spec s = qwen(); /* k = 8: T = 1 is 8 rows, the GEMV limit */
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  strcpy(t.origin, "dev.yaml");
+  const mj_tuned_entry es[] = {
+      ts_tuned_entry(&s, "gemm1", 32, ts_tile(64, 128, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA),
+      ts_tuned_entry(&s, "gemm2", 32, ts_tile(16, 128, 128, 3, 4), MOEJIT_GEMM_PATH_MMA),
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(&t, &es[i]));
+  for (int which = 1; which <= 2; which++) {
+    const char *kernel = which == 1 ? "gemm1" : "gemm2";
+    picked p = collect(&t, NULL, &s, which, "sm_90a");
+    cr_assert_eq(p.v.n, 1, "%s", kernel);
+    mj_gemm_choice c;
+    OK(mj_gemm_choose(&s, &p.v, which, 1, "sm_90a", &c));
+    cr_expect_eq(c.variant, -1, "%s T=1", kernel);
+    cr_expect_eq(c.match, MJ_TUNED_NONE);
+    cr_expect_eq(c.path, MOEJIT_GEMM_PATH_AUTO);
+    cr_expect(c.plan.use_gemv, "%s T=1: %s", kernel, c.plan.entry);
+    cr_expect_eq(c.fell_back, 0);
+    mj_tuned_match m = MJ_TUNED_EXACT;
+    cr_expect_null(mj_tuned_lookup(&t, kernel, &s, 1, &m), "%s", kernel);
+    cr_expect_eq(m, MJ_TUNED_NONE);
+    OK(mj_gemm_choose(&s, &p.v, which, 2, "sm_90a", &c)); /* 16 rows: tiles again */
+    cr_expect_eq(c.variant, 0, "%s T=2", kernel);
+    cr_expect_eq(c.match, MJ_TUNED_NEAREST);
+    cr_expect(!c.plan.use_gemv, "%s T=2: %s", kernel, c.plan.entry);
+    const mj_tuned_entry *e = mj_tuned_lookup(&t, kernel, &s, 2, &m);
+    cr_expect(e && e->tokens == 32 && m == MJ_TUNED_NEAREST, "%s", kernel);
+    setenv("MOEJIT_GEMM_GEMV", "0", 1);
+    OK(mj_gemm_choose(&s, &p.v, which, 1, "sm_90a", &c));
+    cr_expect_eq(c.variant, 0, "%s T=1 without GEMV", kernel);
+    cr_expect(!c.plan.use_gemv);
+    cr_expect_not_null(mj_tuned_lookup(&t, kernel, &s, 1, &m));
+    unsetenv("MOEJIT_GEMM_GEMV");
+  }
+  /* a bucket of a decode size (T = 1, 8 rows: timed against the GEMV
+   * kernel) serves the other decode sizes: T = 1 of a k = 4 model is 4 rows
+   * and takes the T = 2 tile bucket */
+  moejit_spec s4 = s;
+  s4.top_k = 4;
+  mj_tuned_table t4;
+  fill_header(&t4, "dev");
+  const mj_tuned_entry e4 =
+      ts_tuned_entry(&s4, "gemm1", 2, ts_tile(16, 64, 64, 3, 4), MOEJIT_GEMM_PATH_MMA);
+  OK(mj_tuned_table_put(&t4, &e4));
+  picked p4 = collect(&t4, NULL, &s4, 1, "sm_90a");
+  cr_assert_eq(p4.v.n, 1);
+  mj_gemm_choice c4;
+  OK(mj_gemm_choose(&s4, &p4.v, 1, 1, "sm_90a", &c4));
+  cr_expect_eq(c4.variant, 0, "k = 4: the T = 2 bucket serves T = 1");
+  cr_expect_eq(c4.path, MOEJIT_GEMM_PATH_MMA);
+  mj_tuned_table_free(&t4);
+  /* a model whose T = 1 is more rows than the GEMV takes (k = 16) is not a
+   * decode size: the bucket serves it */
+  s.top_k = 16;
+  mj_tuned_table t16;
+  fill_header(&t16, "dev");
+  const mj_tuned_entry e16 =
+      ts_tuned_entry(&s, "gemm1", 32, ts_tile(64, 128, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA);
+  OK(mj_tuned_table_put(&t16, &e16));
+  picked p16 = collect(&t16, NULL, &s, 1, "sm_90a");
+  cr_assert_eq(p16.v.n, 1);
+  mj_gemm_choice c;
+  OK(mj_gemm_choose(&s, &p16.v, 1, 1, "sm_90a", &c));
+  cr_expect_eq(c.variant, 0, "k = 16, T = 1");
+  mj_tuned_table_free(&t16);
   mj_tuned_table_free(&t);
 }
 
