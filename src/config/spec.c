@@ -52,9 +52,14 @@ size_t moejit_dtype_size(moejit_dtype dtype) {
   return 0;
 }
 
-static moejit_gemm_cfg gemm_default(int tile_n) {
+/* Both GEMMs' tile where a config names none (and no tuned table entry
+ * applies): 128x256x64, 4 stages. For GEMM 2 it ran 1.16x / 1.01x / 1.07x /
+ * 1.09x faster than 128x128x64 at T = 32 / 256 / 2048 / 16384 (geometric
+ * means over eleven model shapes on an H100; docs/tune.md "The built-in
+ * tile"). */
+static moejit_gemm_cfg gemm_default(void) {
   moejit_gemm_cfg g = {.tile_m = 128,
-                       .tile_n = tile_n,
+                       .tile_n = 256,
                        .tile_k = 64,
                        .stages = 4,
                        .warps = 8,
@@ -84,8 +89,8 @@ void moejit_spec_init(moejit_spec *spec) {
   spec->route.block_threads = 256;
   spec->align.block_threads = 1024;
   spec->combine.block_threads = 256;
-  spec->gemm1 = gemm_default(256);
-  spec->gemm2 = gemm_default(128);
+  spec->gemm1 = gemm_default();
+  spec->gemm2 = gemm_default();
 }
 
 moejit_status moejit_spec_validate(const moejit_spec *spec) {

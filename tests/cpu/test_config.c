@@ -177,7 +177,7 @@ Test(config_load, minimal_takes_defaults) {
   d.hidden = s.hidden, d.expert_width = s.expert_width, d.experts = s.experts, d.top_k = s.top_k;
   cr_assert(memcmp(&s, &d, sizeof s) == 0, "defaults differ from moejit_spec_init");
   cr_assert_eq(s.gemm1.tile_n, 256);
-  cr_assert_eq(s.gemm2.tile_n, 128);
+  cr_assert_eq(s.gemm2.tile_n, 256);
   cr_assert_eq(s.align.block_threads, 1024);
 }
 
@@ -648,9 +648,9 @@ Test(config_validate, budgets_state_numbers_and_hints) {
   cr_assert(strstr(msg, "232448"), "%s", msg);
   cr_assert(strstr(msg, "HINT: use fewer stages (at most 2 fit) or a smaller tile"), "%s", msg);
   s.gemm1.stages = 2; /* 196608 bytes: fits */
-  expect_invalid(&s, "kernels.gemm2: needs 262144 bytes of shared memory");
-  cr_assert(strstr(moejit_last_error(), "at most 3 fit"), "%s", moejit_last_error());
-  s.gemm2.stages = 3;
+  expect_invalid(&s, "kernels.gemm2: needs 393216 bytes of shared memory");
+  cr_assert(strstr(moejit_last_error(), "at most 2 fit"), "%s", moejit_last_error());
+  s.gemm2.stages = 2;
   cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
   s.gemm1.tile_k = 128, s.gemm1.tile_m = 256, s.gemm1.warps = 12; /* 2*384*128*4 > limit */
   s.gemm1.tile_n = 128;

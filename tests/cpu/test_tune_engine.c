@@ -218,11 +218,11 @@ Test(tune_engine, winners_skip_wrong_candidates) {
    * tile (T = 64, 512) and gemv (T = 4) */
   cr_assert_eq(s.enumerated, 16);
   cr_assert_eq(s.pruned, 4);
-  /* 12 candidates in 11 modules: the gemv ones are built with the shape's
-   * tiles, which the heuristic runs too, and gemm2's (128x128x64 s4 w8) is
-   * also a wgmma candidate: one module serves every path */
-  cr_assert_eq(s.kernels, 11);
-  cr_assert_eq(f.compiles, 11);
+  /* 12 modules: the gemv candidates are built with the shape's tiles
+   * (128x256x64 s4 w8 for both kernels), which the heuristic runs too (one
+   * module serves every path), and no space candidate has those tiles */
+  cr_assert_eq(s.kernels, 12);
+  cr_assert_eq(f.compiles, 12);
   cr_assert_eq(s.wrong, 6, "mma 16x128 at 3 token counts x 2 kernels");
   cr_assert_eq(s.measured + s.wrong, s.points, "every point measured once");
   cr_assert_eq(f.measures, (int)s.points);
@@ -744,9 +744,9 @@ Test(tune_engine, compile_and_setup_failures_are_recorded) {
   fake f = {.fail_compile_tile_m = 128, .fail_open_tokens = 512};
   moejit_tune_summary s;
   cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "failures are not fatal: %s", moejit_last_error());
-  /* 128-row tiles: wgmma 128x128 (gemm2's is also the heuristic's tile)
-   * and gemm1's shape tile 128x256 (the gemv candidates' module too) */
-  cr_assert_eq(s.compile_failed, 3);
+  /* 128-row tiles: wgmma 128x128 of both kernels and their shape tiles
+   * 128x256 (the heuristic's and the gemv candidates' modules) */
+  cr_assert_eq(s.compile_failed, 4);
   mj_tune_rows rows;
   read_results(&rows);
   size_t compile_failed = count_status(&rows, MJ_TS_COMPILE_FAILED),
@@ -802,7 +802,7 @@ Test(tune_engine, dry_run_and_compile_only_write_nothing) {
   o.dry_run = 0;
   be.can_time = 0; /* compile only */
   cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &s), MOEJIT_OK);
-  cr_assert_eq(f.compiles, 11);
+  cr_assert_eq(f.compiles, 12);
   cr_assert_eq(f.measures, 0);
   cr_assert_eq(s.timed, 0);
   cr_assert_eq(ts_count_files(tmp, NULL), 0, "nothing written");

@@ -352,9 +352,9 @@ Test(tune_sweep, heuristic_tiles_are_candidates) {
    * candidate is on the decode tile any more. */
   cr_assert_eq(mj_tune_plan_build(sw, "sm_80", &p), MOEJIT_OK);
   const mj_tune_cand *g1 = find(&p, 1, MOEJIT_GEMM_PATH_GEMV, 128, 256, 64, 4, 0);
-  const mj_tune_cand *g2 = find(&p, 2, MOEJIT_GEMM_PATH_GEMV, 128, 128, 64, 4, 0);
+  const mj_tune_cand *g2 = find(&p, 2, MOEJIT_GEMM_PATH_GEMV, 128, 256, 64, 4, 0);
   const mj_tune_cand *d1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 64, 256, 64, 4, 0);
-  const mj_tune_cand *d2 = find(&p, 2, MOEJIT_GEMM_PATH_MMA, 64, 128, 64, 4, 0);
+  const mj_tune_cand *d2 = find(&p, 2, MOEJIT_GEMM_PATH_MMA, 64, 256, 64, 4, 0);
   const mj_tune_cand *s1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 128, 256, 64, 4, 0);
   cr_assert(g1 && g1->heuristic && g1->tmask == 1u, "gemm1 T=4 on gemv");
   cr_assert(g2 && g2->heuristic && g2->tmask == 1u, "gemm2 T=4 on gemv");
