@@ -16,6 +16,8 @@
 #
 # Run (H100, PyTorch >= 2.8 for _grouped_mm):
 #   python3 bench/peers/torch_moe_layer.py [--presets a,b] [--tokens 1,32] [--iters 20]
+# (--presets also takes config files: --presets my-model.yaml; flow mappings such as
+#  `routing: {rule: ...}` are not read, so write routing keys one per line.)
 # CPU smoke test of the shape logic with tiny made-up shapes:
 #   python3 bench/peers/torch_moe_layer.py --device cpu --tiny --tokens 1,7
 import argparse
@@ -52,7 +54,11 @@ def parse_yaml_scalars(path):
 
 
 def load_preset(name, tiny):
-    c = parse_yaml_scalars(os.path.join(REPO, "configs", "models", name + ".yaml"))
+    """name: a preset (configs/models/<name>.yaml) or the path of a config file (*.yaml)."""
+    path = name if name.endswith((".yaml", ".yml")) else os.path.join(REPO, "configs", "models", name + ".yaml")
+    c = parse_yaml_scalars(path)
+    if name == path:
+        name = c.get("name", os.path.splitext(os.path.basename(path))[0]).strip("'\"")
     num = lambda k, dflt: type(dflt)(c.get("model." + k, dflt))
     p = dict(name=name, d=num("hidden", 0), f=num("expert_width", 0), E=num("experts", 0),
              k=num("top_k", 0), rule=c.get("model.routing.rule", "softmax_topk"),
@@ -178,7 +184,8 @@ def time_ms(fn, dev, iters, warmup=3, flush=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--presets", default=ALL_PRESETS)
+    ap.add_argument("--presets", default=ALL_PRESETS,
+                    help="comma-separated preset names or config paths (*.yaml)")
     ap.add_argument("--tokens", default="1,32,256,2048,16384")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda")

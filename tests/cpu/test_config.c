@@ -309,6 +309,29 @@ Test(config_load, string_and_file_agree) {
   }
 }
 
+/* The example configs of configs/more-models/ load, are named after their
+ * files, and stay out of the presets (configs/models/ only). */
+Test(config_load, more_models_examples_load) {
+  DIR *d = opendir(MOEJIT_TEST_SOURCE_DIR "/configs/more-models");
+  cr_assert_not_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    const size_t len = strlen(e->d_name);
+    if (len < 6 || strcmp(e->d_name + len - 5, ".yaml")) continue;
+    char path[1200], name[256];
+    snprintf(path, sizeof path, "%s/configs/more-models/%s", MOEJIT_TEST_SOURCE_DIR, e->d_name);
+    snprintf(name, sizeof name, "%.*s", (int)(len - 5), e->d_name);
+    moejit_spec s, p;
+    cr_assert_eq(moejit_spec_load_file(path, &s), MOEJIT_OK, "%s: %s", path, moejit_last_error());
+    cr_expect_str_eq(s.name, name, "%s", path);
+    cr_expect(s.hidden >= 2048 && s.experts >= 8, "%s: a real model's shape", path);
+    cr_expect_eq(moejit_spec_load_preset(name, &p), MOEJIT_ERR_NOT_FOUND, "%s is no preset", name);
+    n++;
+  }
+  closedir(d);
+  cr_assert_eq(n, 7);
+}
+
 Test(config_load, string_needs_no_terminator) {
   const char *yaml =
       "name: cut\nmodel: {hidden: 64, expert_width: 64, experts: 4, top_k: 2}\nGARBAGE";
