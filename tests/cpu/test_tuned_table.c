@@ -909,6 +909,23 @@ Test(tuned_pick, gemv_variant_runs_the_gemv_kernel) {
   mj_tuned_table_free(&t);
 }
 
+/* The variant (0, or -1 for the heuristic) and path GEMM 1 of spec s runs at
+ * T = 1 under a table of one bucket. */
+static int one_bucket_pick(const moejit_spec *s, int64_t bucket, moejit_gemm_cfg tile,
+                           moejit_gemm_path path, moejit_gemm_path *ran) {
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  const mj_tuned_entry e = ts_tuned_entry(s, "gemm1", bucket, tile, path);
+  OK(mj_tuned_table_put(&t, &e));
+  picked p = collect(&t, NULL, s, 1, "sm_90a");
+  cr_assert_eq(p.v.n, 1);
+  mj_gemm_choice c;
+  OK(mj_gemm_choose(s, &p.v, 1, 1, "sm_90a", &c));
+  mj_tuned_table_free(&t);
+  *ran = c.path;
+  return c.variant;
+}
+
 /* A table tuned without T = 1 (its first bucket T = 32, a tile path): at
  * decode sizes the forward keeps AUTO's GEMV kernel (and so the decode
  * layer) rather than the T = 32 tiles; the first T past them takes the
@@ -951,37 +968,21 @@ Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
     cr_expect_not_null(mj_tuned_lookup(&t, kernel, &s, 1, &m));
     unsetenv("MOEJIT_GEMM_GEMV");
   }
-  /* a bucket of a decode size (T = 1, 8 rows: timed against the GEMV
-   * kernel) serves the other decode sizes: T = 1 of a k = 4 model is 4 rows
-   * and takes the T = 2 tile bucket */
+  /* a bucket of a decode size (T = 2 of a k = 4 model, 8 rows: timed
+   * against the GEMV kernel) serves the other decode sizes: T = 1 is 4
+   * rows and takes it */
   moejit_spec s4 = s;
   s4.top_k = 4;
-  mj_tuned_table t4;
-  fill_header(&t4, "dev");
-  const mj_tuned_entry e4 =
-      ts_tuned_entry(&s4, "gemm1", 2, ts_tile(16, 64, 64, 3, 4), MOEJIT_GEMM_PATH_MMA);
-  OK(mj_tuned_table_put(&t4, &e4));
-  picked p4 = collect(&t4, NULL, &s4, 1, "sm_90a");
-  cr_assert_eq(p4.v.n, 1);
-  mj_gemm_choice c4;
-  OK(mj_gemm_choose(&s4, &p4.v, 1, 1, "sm_90a", &c4));
-  cr_expect_eq(c4.variant, 0, "k = 4: the T = 2 bucket serves T = 1");
-  cr_expect_eq(c4.path, MOEJIT_GEMM_PATH_MMA);
-  mj_tuned_table_free(&t4);
+  moejit_gemm_path path = MOEJIT_GEMM_PATH_AUTO;
+  cr_expect_eq(one_bucket_pick(&s4, 2, ts_tile(16, 64, 64, 3, 4), MOEJIT_GEMM_PATH_MMA, &path), 0);
+  cr_expect_eq(path, MOEJIT_GEMM_PATH_MMA);
   /* a model whose T = 1 is more rows than the GEMV takes (k = 16) is not a
-   * decode size: the bucket serves it */
-  s.top_k = 16;
-  mj_tuned_table t16;
-  fill_header(&t16, "dev");
-  const mj_tuned_entry e16 =
-      ts_tuned_entry(&s, "gemm1", 32, ts_tile(64, 128, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA);
-  OK(mj_tuned_table_put(&t16, &e16));
-  picked p16 = collect(&t16, NULL, &s, 1, "sm_90a");
-  cr_assert_eq(p16.v.n, 1);
-  mj_gemm_choice c;
-  OK(mj_gemm_choose(&s, &p16.v, 1, 1, "sm_90a", &c));
-  cr_expect_eq(c.variant, 0, "k = 16, T = 1");
-  mj_tuned_table_free(&t16);
+   * decode size: the T = 32 bucket serves it */
+  moejit_spec s16 = s;
+  s16.top_k = 16;
+  cr_expect_eq(one_bucket_pick(&s16, 32, ts_tile(64, 128, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA, &path),
+               0);
+  cr_expect_eq(path, MOEJIT_GEMM_PATH_WGMMA);
   mj_tuned_table_free(&t);
 }
 
