@@ -582,6 +582,32 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
 
 /* ---- GEMM 1 reading x in place --------------------------------------------------- */
 
+/* Two eager forwards of t tokens, the first with $env set to `base`, the
+ * second to `checked` (NULL: unset), which is checked against the
+ * reference: their outputs must be equal to the bit (`differ` says how
+ * they are not). Returns the checked output, malloc'd; $env is unset after. */
+static void *same_under_env(const layer_io *io, int64_t t, const char *env, const char *base,
+                            const char *checked, ts_rng *rng, const char *what,
+                            const char *differ) {
+  const size_t bytes = out_bytes(io, t), nk = (size_t)t * (size_t)io->spec->top_k;
+  void *first = malloc(bytes), *out = malloc(bytes);
+  int32_t *ids = malloc(nk * 4);
+  float *w = malloc(nk * 4);
+  cr_assert(first && out && ids && w);
+  setenv(env, base, 1);
+  run_eager(io, t, NULL, first, NULL, NULL);
+  if (checked)
+    setenv(env, checked, 1);
+  else
+    unsetenv(env);
+  run_eager(io, t, NULL, out, ids, w);
+  unsetenv(env);
+  check_output(io, t, out, ids, w, rng, what);
+  cr_assert(memcmp(first, out, bytes) == 0, "T=%lld: %s", (long long)t, differ);
+  free(first), free(ids), free(w);
+  return out;
+}
+
 /* Where GEMM 1 gathers its rows from x through align's sorted_slot (forced
  * on with $MOEJIT_GEMM1_GATHER=1) and align skips the permuted copy, the
  * output is the copy-based chain's to the bit ($MOEJIT_GEMM1_GATHER=0).
@@ -607,23 +633,9 @@ Test(layer, gemm1_gather_equals_the_permuted_copy) {
   layer_io io;
   io_make(&io, m, 2048, &rng);
   const int64_t sizes[] = {256, 2048};
-  for (size_t i = 0; i < 2; i++) {
-    const int64_t t = sizes[i];
-    const size_t bytes = out_bytes(&io, t), nk = (size_t)t * 8;
-    void *gathered = malloc(bytes), *copied = malloc(bytes);
-    int32_t *ids = malloc(nk * 4);
-    float *w = malloc(nk * 4);
-    cr_assert(gathered && copied && ids && w);
-    setenv("MOEJIT_GEMM1_GATHER", "1", 1);
-    run_eager(&io, t, NULL, gathered, ids, w);
-    check_output(&io, t, gathered, ids, w, &rng, "qwen3 (gathering GEMM 1)");
-    setenv("MOEJIT_GEMM1_GATHER", "0", 1);
-    run_eager(&io, t, NULL, copied, NULL, NULL);
-    unsetenv("MOEJIT_GEMM1_GATHER");
-    cr_assert(memcmp(gathered, copied, bytes) == 0, "T=%lld: gathered and copied rows differ",
-              (long long)t);
-    free(gathered), free(copied), free(ids), free(w);
-  }
+  for (size_t i = 0; i < 2; i++)
+    free(same_under_env(&io, sizes[i], "MOEJIT_GEMM1_GATHER", "0", "1", &rng,
+                        "qwen3 (gathering GEMM 1)", "gathered and copied rows differ"));
   io_free(&io);
   moejit_model_destroy(m);
 }
@@ -647,22 +659,15 @@ Test(layer, l2_tidy_changes_no_result) {
   const int64_t sizes[] = {256, 1024, 2048};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     const int64_t t = sizes[i];
-    const size_t bytes = out_bytes(&io, t), nk = (size_t)t * (size_t)s->top_k;
-    void *plain = malloc(bytes), *tidied = malloc(bytes), *again = malloc(bytes);
-    int32_t *ids = malloc(nk * 4);
-    float *w = malloc(nk * 4);
-    cr_assert(plain && tidied && again && ids && w);
-    setenv("MOEJIT_LAYER_TIDY", "0", 1);
-    run_eager(&io, t, NULL, plain, NULL, NULL);
-    unsetenv("MOEJIT_LAYER_TIDY");
-    run_eager(&io, t, NULL, tidied, ids, w);
+    const size_t bytes = out_bytes(&io, t);
+    void *tidied = same_under_env(&io, t, "MOEJIT_LAYER_TIDY", "0", NULL, &rng, "qwen3 (L2 tidied)",
+                                  "tidying changed the output");
+    void *again = malloc(bytes);
+    cr_assert(again);
     run_eager(&io, t, NULL, again, NULL, NULL);
-    check_output(&io, t, tidied, ids, w, &rng, "qwen3 (L2 tidied)");
-    cr_assert(memcmp(plain, tidied, bytes) == 0, "T=%lld: tidying changed the output",
-              (long long)t);
     cr_assert(memcmp(tidied, again, bytes) == 0, "T=%lld: the forward after a tidied one differs",
               (long long)t);
-    free(plain), free(tidied), free(again), free(ids), free(w);
+    free(tidied), free(again);
   }
   /* x as it was filled, every element */
   const size_t xn = (size_t)io.max_tokens * (size_t)s->hidden, as = moejit_dtype_size(s->act_dtype);
