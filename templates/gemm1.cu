@@ -13,11 +13,12 @@
 // dtype and d, f multiples of 8) and moejit_gemm1_swiglu_simt (any dtypes;
 // the reference) take (A, W1, h, offsets [E+1] int32, max_rows).
 // moejit_gemm1_swiglu_wgmma and _wgmma_narrow (sm_90a only; the narrow one
-// is a 64 x 128-B-row tile for decode) take (TMA map of A, TMA map of W1, h,
-// offsets, max_rows); their B tile is the gate box then the up box of the
-// same h columns, so acc columns j and j + kTN/2 pair up in one thread.
+// is a 64 x 128-B-row tile for decode and few rows an expert) take (TMA
+// map of A, TMA map of W1, h, offsets, max_rows); their B tile is the gate box then the up box of
+// the same h columns, so acc columns j and j + kTN/2 pair up in one thread.
 // moejit_gemm1_swiglu_wgmma_gather (the spec tile, A rows gathered from x)
-// takes (TMA map of W1, x, a_index, a_div, x_rows, h, offsets, max_rows).
+// and _wgmma_narrow_gather (the narrow tile, gathering) take (TMA map of
+// W1, x, a_index, a_div, x_rows, h, offsets, max_rows).
 // moejit_gemm1_swiglu_gemv (decode: weight streaming) takes what mma takes;
 // moejit_layer_decode_gemm1 (the decode layer's first launch: routing
 // included, rows read from x) takes (logits, bias, x, W1, h, topk_ids,
@@ -356,5 +357,22 @@ extern "C" __global__ void __launch_bounds__(Gemm1WgNarrow::kThreads, 1)
 moejit_gemm1_swiglu_wgmma_narrow(const __grid_constant__ mj_tmap tmap_a, const __grid_constant__ mj_tmap tmap_w,
                                  act_t *__restrict__ h, const int *__restrict__ offsets, int max_rows) {
   mj_gemm1_wgmma<Gemm1WgNarrow, 1, 1>(&tmap_a, &tmap_w, h, offsets, max_rows);
+}
+#endif
+
+// The narrow tile reading A rows of x in place, as _wgmma_gather does.
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_gemm1_swiglu_wgmma_narrow_gather)
+extern "C" __global__ void __launch_bounds__(Gemm1WgNarrow::kThreads, 1)
+    moejit_gemm1_swiglu_wgmma_narrow_gather(const __grid_constant__ mj_tmap tmap_w,
+                                            const act_t *__restrict__ x,
+                                            const int *__restrict__ a_index, int a_div, int x_rows,
+                                            act_t *__restrict__ h, const int *__restrict__ offsets,
+                                            int max_rows) {
+#if MJ_WGMMA_AVAILABLE
+  const mj_wg_gather_src<act_t> g = {x, a_index, a_div, x_rows};
+  mj_gemm1_wgmma<Gemm1WgNarrow, 1, 1, true>(nullptr, &tmap_w, h, offsets, max_rows, &g);
+#else
+  __trap();  // not an sm_90a build
+#endif
 }
 #endif

@@ -8,11 +8,13 @@
 // dtype and d, f multiples of 8) and moejit_gemm2_simt (any dtypes; the
 // reference) take (h, W2, y, offsets [E+1] int32, scale, max_rows).
 // moejit_gemm2_wgmma and _wgmma_narrow (sm_90a only; the narrow one is a
-// 64 x 128 tile for decode) take (TMA map of h, TMA map of W2, y, offsets,
-// scale, max_rows, ks_count, ks_part): the last two, scratch for the last
-// round's K parts (mj_wg_ksplit), or both NULL. moejit_gemm2_gemv (decode: weight streaming) takes
-// what mma takes; moejit_layer_decode_gemm2 (the decode layer's second launch: combine included)
-// takes (h, W2, topk_ids, topk_weights, tokens, out, part, counters).
+// 64 x 128 tile for decode and few rows an expert) take (TMA map of h, TMA
+// map of W2, y, offsets, scale, max_rows, ks_count, ks_part): the last
+// two, scratch for the last round's K parts (mj_wg_ksplit), or both NULL.
+// moejit_gemm2_gemv (decode: weight streaming) takes what mma takes;
+// moejit_layer_decode_gemm2 (the decode layer's second launch: combine
+// included) takes (h, W2, topk_ids, topk_weights, tokens, out, part,
+// counters).
 #include "common/gemm_config.cuh"
 #include "common/gemm_tiles.cuh"
 #include "common/gemm_mainloop.cuh"

@@ -7,7 +7,7 @@
 
 #include "moejit/moejit.h"
 
-#define MJ_MAX_ENTRIES 8
+#define MJ_MAX_ENTRIES 12
 
 typedef struct mj_kernel_source {
   char family[MOEJIT_NAME_MAX]; /* "route" */

@@ -103,6 +103,16 @@ int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, mo
 #define MJ_ENTRY_DECODE1 "moejit_layer_decode_gemm1"
 #define MJ_ENTRY_DECODE2 "moejit_layer_decode_gemm2"
 #define MJ_ENTRY_GEMM1_GATHER "moejit_gemm1_swiglu_wgmma_gather"
+#define MJ_ENTRY_GEMM1_NARROW_GATHER "moejit_gemm1_swiglu_wgmma_narrow_gather"
+
+/* The entry GEMM 1 with `plan` runs when it gathers its rows (args.a_index):
+ * the spec tile's or the narrow tile's gathering twin, or NULL where none
+ * can (not the wgmma kernel, or CTA pairs along N, which share A by TMA
+ * multicast). */
+static inline const char *mj_gemm1_gather_entry(const mj_gemm_plan *plan) {
+  if (!plan->use_wgmma || plan->wg_cluster_n) return NULL;
+  return plan->wg_narrow ? MJ_ENTRY_GEMM1_NARROW_GATHER : MJ_ENTRY_GEMM1_GATHER;
+}
 
 /* The decode layer's GEMM 1 units (templates/gemm1.cu kDecode1Cols: h
  * columns); its GEMM 2 units are MJ_GEMV2_COLS columns. */

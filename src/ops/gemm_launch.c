@@ -205,18 +205,18 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
                      "moejit_gemm1_swiglu: args->a_index (gathered A rows) cannot run with "
                      "cluster_n = 2 (CTA pairs along N share A by TMA multicast); HINT: leave "
                      "a_index NULL and pass the rows in order, or set cluster_n to 1"));
-  if (args->a_index && (!plan.use_wgmma || plan.wg_narrow))
+  if (args->a_index && !plan.use_wgmma)
     return mj_ctx_fail(
         ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,
                      "moejit_gemm1_swiglu: args->a_index (gathered A rows) needs the wgmma "
-                     "kernel with the spec's tile; this launch would run %s; HINT: leave "
-                     "a_index NULL and pass the rows in order",
+                     "kernel; this launch would run %s; HINT: leave a_index NULL and pass the "
+                     "rows in order",
                      plan.entry));
   /* the kernel handle carries its launch limits: no lookup by CUfunction */
   moejit_kernel *kernel;
   moejit_spec scratch;
   const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, &plan, &scratch);
-  const char *entry = args->a_index ? MJ_ENTRY_GEMM1_GATHER : plan.entry;
+  const char *entry = args->a_index ? mj_gemm1_gather_entry(&plan) : plan.entry;
   if ((st = moejit_ctx_get_kernel(ctx, kspec, plan.family, entry, &kernel)))
     return mj_ctx_fail(ctx, st);
   if (plan.use_wgmma) {

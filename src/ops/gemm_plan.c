@@ -20,9 +20,11 @@
 #define MJ_GEMM_WGMMA_DEFAULT 1
 
 /* mj_wg_shape (templates/common/gemm_wgmma.cuh): the dynamic shared memory
- * the pipeline may take (H100 opt-in limit less 1 KiB of static), and the
+ * the pipeline may take (H100 opt-in limit less 1 KiB of static); the
  * work-item count under which the narrow entry (64 x 128, 8 stages of
- * 64-wide k-tiles) replaces the spec's tile: two tiles per H100 SM (132). */
+ * 64-wide k-tiles) replaces the spec's tile under AUTO: two tiles per H100
+ * SM (132); and the rows an active expert holds on average (max_rows /
+ * min(E, max_rows)) up to which it replaces it too (fill_wgmma_plan). */
 #define MJ_WG_SMEM_BUDGET (232448 - 1024)
 /* kWgEpiWarpBytes: the epilogue staging buffer of one consumer warp (16
  * rows of 144 bytes) */
@@ -34,6 +36,7 @@
 #define MJ_WG_NARROW_TM 64
 #define MJ_WG_NARROW_TN 128
 #define MJ_WG_NARROW_KTILES 8
+#define MJ_WG_NARROW_EXPERT_ROWS 48
 /* On other archs AUTO runs mma.sync on a 64-row decode tile under this many
  * rows (kDecodeTile below). */
 #define MJ_MMA_DECODE_ROWS 64
@@ -267,19 +270,28 @@ static int wg_stages(int want, int stage_bytes, int extra) {
   return s;
 }
 
-/* The wgmma plan (mj_wg_shape of the spec's tile, or, under AUTO, of the
- * narrow 64 x 128 x 64, 8-stage decode tile when the spec's tile would leave
- * SMs idle; an explicit WGMMA path keeps the spec's tile, so a tuned table
- * or the autotuner gets exactly the tile it names). */
+/* The wgmma plan: mj_wg_shape of the spec's tile, or, under AUTO, of the
+ * narrow 64 x 128 x 64, 8-stage tile where the spec's tile would leave SMs
+ * idle or where the experts hold few rows (48 or fewer on average: most
+ * then fit one 64-row tile, so the weights are read once as with taller
+ * tiles, over twice the CTAs or more). An explicit WGMMA path keeps the
+ * spec's tile, so a tuned table or the autotuner gets exactly the tile it
+ * names. Measured on an H100 over eleven model shapes (docs/gemm.md, "The
+ * narrow tile at few rows an expert"): at 48 rows an expert or fewer the
+ * narrow tile was within 1.05x of the fastest of 20 tiles at every point,
+ * 2-3% faster than 128x256 on the geometric mean; at 64 rows it lost by up
+ * to 1.34x. */
 static void fill_wgmma_plan(const moejit_spec *spec, int which, const moejit_gemm_cfg *g,
                             moejit_gemm_path path, int64_t max_rows, mj_gemm_plan *p) {
   int tm = g->tile_m < 64 ? 64 : g->tile_m, tn = g->tile_n, want = g->stages * g->tile_k / 64;
   int64_t active = max_rows < spec->experts ? max_rows : spec->experts;
   int64_t ctas = (max_rows / tm + active) * mj_gemm_n_tiles(which, p->n_out, tn);
+  const int few_rows = max_rows <= MJ_WG_NARROW_EXPERT_ROWS * active;
   /* tests: $MOEJIT_GEMM_WGMMA_NARROW "0" never, "1" always */
-  int narrow = mj_env_switch("MOEJIT_GEMM_WGMMA_NARROW",
-                             path == MOEJIT_GEMM_PATH_AUTO && ctas < MJ_WG_NARROW_CTAS &&
-                                 (tm != MJ_WG_NARROW_TM || tn != MJ_WG_NARROW_TN));
+  int narrow =
+      mj_env_switch("MOEJIT_GEMM_WGMMA_NARROW",
+                    path == MOEJIT_GEMM_PATH_AUTO && (ctas < MJ_WG_NARROW_CTAS || few_rows) &&
+                        (tm != MJ_WG_NARROW_TM || tn != MJ_WG_NARROW_TN));
   if (narrow) tm = MJ_WG_NARROW_TM, tn = MJ_WG_NARROW_TN, want = MJ_WG_NARROW_KTILES;
   p->entry = which == 1 ? (narrow ? "moejit_gemm1_swiglu_wgmma_narrow" : "moejit_gemm1_swiglu_wgmma")
                         : (narrow ? "moejit_gemm2_wgmma_narrow" : "moejit_gemm2_wgmma");

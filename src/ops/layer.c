@@ -226,16 +226,16 @@ static moejit_status check_forward(const moejit_model *m, const moejit_moe_args 
 #define AT(base, off) ((void *)((char *)(base) + (off)))
 
 /* Whether GEMM 1 reads its rows from x through align's sorted_slot (the
- * wgmma kernel with the spec's tile: templates/gemm1.cu,
- * moejit_gemm1_swiglu_wgmma_gather) rather than from the permuted copy xs,
+ * wgmma kernel: templates/gemm1.cu, moejit_gemm1_swiglu_wgmma_gather, or
+ * _wgmma_narrow_gather on the narrow tile) rather than from the permuted copy xs,
  * which align then does not write. The copy is T*k*d elements written and
  * read again; gathering instead costs the compute-bound 128-row tiles
  * about a tenth of their speed (the cp.async producer), and reads x rows
  * from L2 only while x fits there. So (measured on an H100, layer ms,
  * graph replay, gathered / copied: docs/layer.md, "GEMM 1 reading x in
  * place"):
- * - 64-row tiles always: the GEMM streams weights (qwen3-30b-a3b T = 2048:
- *   597 against 622-662 us);
+ * - 64-row tiles always (the narrow tile too): the GEMM streams weights
+ *   (qwen3-30b-a3b T = 2048: 597 against 622-662 us);
  * - cooperative 128-row tiles without clusters where the copy is large
  *   beside the GEMM (expert width f <= 2048) and x fits in L2 times
  *   min(2, 2048 / f): the larger the copy's share (1/f), the more L2
@@ -279,7 +279,7 @@ static int gather_short_tail_loses(const moejit_spec *spec, int64_t tokens, cons
 int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_plan *p,
                           int64_t l2_bytes, int sms) {
   /* pairs along N share A by TMA multicast, which gathering cannot */
-  if (!p->use_wgmma || p->wg_narrow || p->wg_cluster_n) return 0;
+  if (!mj_gemm1_gather_entry(p)) return 0;
   int want = p->tile_m == 64;
   if (!want && p->tile_m == 128 && !p->wg_pingpong && p->wg_cluster == 1 &&
       spec->expert_width <= 2048) {

@@ -179,7 +179,7 @@ static moejit_status warm_add(warm_list *w, const moejit_spec *spec, const char 
 
 /* The exact (spec, family, entry) the launcher looks up for `plan`, and the
  * layer's other entries of that module: with a GEMV plan the decode
- * layer's, with GEMM 1's spec-tile wgmma plan its gathering twin. */
+ * layer's, with GEMM 1's wgmma plan its gathering twin. */
 static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
                                const mj_gemm_plan *plan, const char *what) {
   moejit_spec scratch;
@@ -187,8 +187,8 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
   moejit_status st = warm_add(w, kspec, plan->family, plan->entry, what);
   if (!st && plan->use_gemv)
     st = warm_add(w, kspec, plan->family, which == 1 ? MJ_ENTRY_DECODE1 : MJ_ENTRY_DECODE2, what);
-  if (!st && which == 1 && plan->use_wgmma && !plan->wg_narrow)
-    st = warm_add(w, kspec, plan->family, MJ_ENTRY_GEMM1_GATHER, what);
+  const char *gather = which == 1 ? mj_gemm1_gather_entry(plan) : NULL;
+  if (!st && gather) st = warm_add(w, kspec, plan->family, gather, what);
   return st;
 }
 

@@ -231,7 +231,7 @@ static void expect_covered(const moejit_spec *s, const char *arch, const mj_gemm
     moejit_spec scratch;
     const moejit_spec *ks = mj_gemm_kernel_spec(c.spec, which, &c.plan, &scratch);
     const char *want[3] = {c.plan.entry, NULL, NULL};
-    if (which == 1 && c.plan.use_wgmma && !c.plan.wg_narrow) want[1] = MJ_ENTRY_GEMM1_GATHER;
+    if (which == 1) want[1] = mj_gemm1_gather_entry(&c.plan);
     if (c.plan.use_gemv) want[2] = which == 1 ? MJ_ENTRY_DECODE1 : MJ_ENTRY_DECODE2;
     for (int i = 0; i < 3; i++)
       if (want[i])

@@ -937,8 +937,10 @@ static void gather_rows(const void *x, int64_t x_rows, const int32_t *index, int
 /* The gathering wgmma kernel against the same kernel on the permuted copy
  * (bitwise: same rows, same math) and the float64 reference: uneven
  * routing, rows past offsets[E] left alone, negative and out-of-range
- * indices giving zero rows. */
-static void run_gather(moejit_ctx *ctx, const moejit_spec *s, int div, const char *what) {
+ * indices giving zero rows. narrow: the narrow tile (AUTO, forced), else
+ * the spec's (WGMMA). */
+static void run_gather(moejit_ctx *ctx, const moejit_spec *s, int div, int narrow,
+                       const char *what) {
   static const int32_t counts[8] = {0, 129, 1, 300, 0, 256, 385, 2};
   ts_rng r = ts_rng_fresh("test_gemm gather");
   const int E = s->experts;
@@ -967,11 +969,16 @@ static void run_gather(moejit_ctx *ctx, const moejit_spec *s, int div, const cha
   void *d_x = dev_upload(ctx, x, (size_t)(x_rows * k) * esz), *d_a = dev_upload(ctx, a, (size_t)(max_rows * k) * esz);
   void *d_w = dev_upload(ctx, w, (size_t)(E * 2 * f * k) * esz), *d_out = dev_upload(ctx, NULL, out_bytes);
   void *d_off = dev_upload(ctx, off, sizeof off), *d_idx = dev_upload(ctx, index, sizeof(int32_t) * (size_t)max_rows);
-  gemm_case c = {ctx, s, 1, MOEJIT_GEMM_PATH_WGMMA, counts, extra, 0, tol_of(s->act_dtype), NULL};
+  const moejit_gemm_path path = narrow ? MOEJIT_GEMM_PATH_AUTO : MOEJIT_GEMM_PATH_WGMMA;
+  gemm_case c = {ctx, s, 1, path, counts, extra, 0, tol_of(s->act_dtype), NULL};
   gemm_io io = {.max_rows = max_rows, .n_out = f, .esz = esz};
-  setenv("MOEJIT_GEMM_WGMMA_NARROW", "0", 1);
-  moejit_gemm_args copy = {.a = d_a, .w = d_w, .out = d_out, .expert_offsets = d_off,
-                           .max_rows = max_rows, .path = MOEJIT_GEMM_PATH_WGMMA};
+  setenv("MOEJIT_GEMM_WGMMA_NARROW", narrow ? "1" : "0", 1);
+  moejit_gemm_args copy = {.a = d_a,
+                           .w = d_w,
+                           .out = d_out,
+                           .expert_offsets = d_off,
+                           .max_rows = max_rows,
+                           .path = path};
   run_once(&c, &io, &copy, o1);
   moejit_gemm_args gather = copy;
   gather.a = d_x, gather.a_index = d_idx, gather.a_index_div = div, gather.a_rows = x_rows;
@@ -1006,16 +1013,20 @@ Test(gemm, wgmma_gathers_rows) {
     moejit_spec s = make_spec(1032, 200, 8, MOEJIT_DTYPE_BF16, cases[i].g);
     if (cases[i].tweak) cases[i].tweak(&s.gemm1);
     cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
-    run_gather(ctx, &s, cases[i].div, cases[i].what);
+    run_gather(ctx, &s, cases[i].div, 0, cases[i].what);
   }
   moejit_spec h = make_spec(264, 200, 8, MOEJIT_DTYPE_FP16, cfg(128, 256, 64, 4, 8, 0));
-  run_gather(ctx, &h, 8, "fp16, K = 264");
+  run_gather(ctx, &h, 8, 0, "fp16, K = 264");
+  run_gather(ctx, &h, 8, 1, "fp16, K = 264, the narrow tile");
   moejit_spec one = make_spec(56, 200, 8, MOEJIT_DTYPE_BF16, cfg(128, 128, 64, 4, 8, 0));
-  run_gather(ctx, &one, 2, "K = 56: one k-tile per tile");
+  run_gather(ctx, &one, 2, 0, "K = 56: one k-tile per tile");
+  run_gather(ctx, &one, 2, 1, "K = 56, the narrow tile");
+  moejit_spec n = make_spec(1032, 200, 8, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
+  run_gather(ctx, &n, 8, 1, "the narrow tile, top-8 rows");
   moejit_ctx_destroy(ctx);
 }
 
-/* Gathering is GEMM 1's, on the spec-tile wgmma kernel only. */
+/* Gathering is GEMM 1's, on the wgmma kernel only (spec or narrow tile). */
 Test(gemm, gather_argument_checks) {
   moejit_ctx *ctx = ctx_or_skip();
   moejit_spec s = make_spec(264, 200, 5, MOEJIT_DTYPE_BF16, cfg(128, 128, 64, 4, 8, 0));
@@ -1039,10 +1050,6 @@ Test(gemm, gather_argument_checks) {
   cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
   cr_assert(strstr(moejit_last_error(), "a_index"), "%s", moejit_last_error());
   if (ops_ctx_is_sm90a(ctx)) {
-    setenv("MOEJIT_GEMM_WGMMA_NARROW", "1", 1);
-    a = ok;
-    cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
-    unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
     /* pairs along N share A by multicast: no gathering there */
     moejit_spec n = s;
     n.gemm1.cluster_n = 2;
@@ -1138,6 +1145,34 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_eq(p.wg_stages, 8);
   cr_assert_eq(p.smem_bytes, 1024u + 8u * ((64 + 128) * 128 + 16) + 1552u);
   cr_assert_eq(p.wg_box_w_rows, 64);
+  cr_assert_str_eq(mj_gemm1_gather_entry(&p), "moejit_gemm1_swiglu_wgmma_narrow_gather");
+  /* and while the experts hold 48 rows or fewer on average (128 experts:
+   * 6144 rows), though the spec's tile would make enough work items */
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 48 * 128, "sm_90a", &p),
+               MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_AUTO, 48 * 128, "sm_90a", &p),
+               MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm2_wgmma_narrow");
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 48 * 128 + 1, "sm_90a", &p),
+               MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma");
+  cr_assert_eq(p.tile_m, 64);
+  cr_assert_eq(p.tile_n, 256);
+  cr_assert_str_eq(mj_gemm1_gather_entry(&p), "moejit_gemm1_swiglu_wgmma_gather");
+  /* 8 wide experts: 896 work items of 128x256 at 9 rows (about one row an
+   * expert), 1232 at 392 (49 rows an expert) */
+  moejit_spec wide = make_spec(4096, 14336, 8, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
+  cr_assert_eq(mj_gemm_plan_make_for(&wide, 1, MOEJIT_GEMM_PATH_AUTO, 9, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
+  cr_assert_eq(mj_gemm_plan_make_for(&wide, 1, MOEJIT_GEMM_PATH_AUTO, 8 * 48, "sm_90a", &p),
+               MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
+  cr_assert_eq(mj_gemm_plan_make_for(&wide, 1, MOEJIT_GEMM_PATH_AUTO, 8 * 49, "sm_90a", &p),
+               MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma");
+  cr_assert_eq(mj_gemm_plan_make_for(&wide, 1, MOEJIT_GEMM_PATH_WGMMA, 9, "sm_90a", &p), MOEJIT_OK);
+  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma", "an explicit path keeps the spec's tile");
   /* other archs: mma.sync on the 64-row decode tile (GEMM 2's: 64x128) */
   cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_AUTO, 8, "sm_80", &p), MOEJIT_OK);
   cr_assert(p.use_mma && p.decode && !p.use_wgmma);
