@@ -31,7 +31,8 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 /* A loaded, checked sweep: shapes (presets or raw), token counts, and the
- * tile spaces to search. Immutable once loaded; may be shared by threads. */
+ * tile spaces to search. Immutable once loaded (moejit_sweep_set_shapes
+ * aside, before any run); may then be shared by threads. */
 typedef struct moejit_sweep moejit_sweep;
 
 /* Loads and checks a sweep YAML file. Errors: MOEJIT_ERR_CONFIG with the
@@ -46,6 +47,22 @@ MOEJIT_API moejit_status moejit_sweep_load_string(const char *text, size_t len, 
 MOEJIT_API void moejit_sweep_destroy(moejit_sweep *sweep);
 /* The sweep's `name`; "" for NULL. Valid while the sweep lives. */
 MOEJIT_API const char *moejit_sweep_name(const moejit_sweep *sweep);
+
+/* Replaces the sweep's shapes with the shapes of n model specs (as
+ * moejit_spec_load_file or moejit_spec_load_preset give them; 1 to
+ * MOEJIT_TUNE_MAX_MODELS of them), so one sweep's spaces tune any model:
+ * shape i is named after specs[i].name, its GEMM tiles (the config's
+ * `kernels:`) are the heuristic the winners are measured against, its
+ * dtypes are the config's, and it is timed at the sweep's token counts.
+ * `moejit tune --model` uses it. Errors, the sweep unchanged:
+ * INVALID_ARGUMENT (NULL, n out of range), CONFIG naming the spec (it does
+ * not validate; its activation and weight dtypes are not both bf16 or both
+ * fp16; two specs share a name; T * top_k rows do not fit int32 at the
+ * sweep's largest T). Not thread-safe: call it before the sweep runs. */
+MOEJIT_API moejit_status moejit_sweep_set_shapes(moejit_sweep *sweep, const moejit_spec *specs,
+                                                 int n);
+/* The most specs moejit_sweep_set_shapes takes (a sweep's shape limit). */
+#define MOEJIT_TUNE_MAX_MODELS 64
 
 /* Resolves a sweep argument to a file path: `name_or_path` itself when such
  * a file exists; else, for a bare name (no '/'), NAME or NAME.yaml in

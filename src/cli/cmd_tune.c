@@ -28,9 +28,14 @@ static void tune_usage(FILE *f) {
           "h100-presets); format: docs/tune.md.\n"
           "\n"
           "options:\n"
+          "  --model CONFIG        tune this model's shape instead of the sweep's shapes: a\n"
+          "                        config file or a preset name; repeat it for several\n"
+          "                        (up to %d); its kernels: tiles are the heuristic the\n"
+          "                        winners are measured against\n"
           "  --out FILE            tuned table to write or merge into\n"
           "                        (default configs/tuned/<GPU name>.yaml)\n"
-          "  --results DIR         results directory (default tune-out/<sweep name>)\n"
+          "  --results DIR         results directory (default tune-out/<sweep name>, with\n"
+          "                        --model tune-out/<sweep name>-<first model's name>)\n"
           "  --jobs N              compile threads (default: all CPUs)\n"
           "  --budget-seconds S    start no new timing after S seconds; what finished is\n"
           "                        written, a re-run resumes the rest\n"
@@ -49,11 +54,14 @@ static void tune_usage(FILE *f) {
           "                        the sweep's timing.runoff, 3; 0: no runoff)\n"
           "  --json                print the summary as one JSON object (progress: stderr)\n"
           "\n"
-          "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n");
+          "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n",
+          MOEJIT_TUNE_MAX_MODELS);
 }
 
 typedef struct tune_args {
   const char *sweep, *out, *results, *arch;
+  const char *models[MOEJIT_TUNE_MAX_MODELS];
+  int n_models;
   int jobs, warmup, iters, json, dry_run, compile_only, no_table;
   int runoff; /* -1: not given */
   double budget, keep_within;
@@ -82,6 +90,13 @@ static int parse_args(int argc, char **argv, tune_args *a) {
         cli_opt_value(argc, argv, &i, "--results", &a->results, &bad) ||
         cli_opt_value(argc, argv, &i, "--arch", &a->arch, &bad)) {
       if (bad) return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--model", &v, &bad)) {
+      if (bad) return CLI_EXIT_USAGE;
+      if (a->n_models == MOEJIT_TUNE_MAX_MODELS) {
+        fprintf(stderr, "moejit: --model: at most %d models a run\n", MOEJIT_TUNE_MAX_MODELS);
+        return CLI_EXIT_USAGE;
+      }
+      a->models[a->n_models++] = v;
     } else if (cli_opt_value(argc, argv, &i, "--jobs", &v, &bad)) {
       if (bad || !cli_parse_int("--jobs", v, 1, 256, &a->jobs)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--warmup", &v, &bad)) {
@@ -328,6 +343,35 @@ static int open_gpu(const tune_args *a, moejit_ctx **ctx, char *why, size_t cap)
   return st ? cli_fail(st, "cannot open the GPU") : 0;
 }
 
+/* --model: the sweep tunes these models' shapes; unless --results names
+ * one, their results go to tune-out/<sweep>-<first model> (not the sweep's
+ * own dir, whose results.csv a later run of the whole sweep resumes). */
+static int use_models(tune_args *a, moejit_sweep *sweep, char *results, size_t cap) {
+  moejit_spec *specs = calloc((size_t)a->n_models, sizeof *specs);
+  if (!specs) return cli_fail(MOEJIT_ERR_OUT_OF_MEMORY, "--model");
+  int rc = 0;
+  for (int i = 0; i < a->n_models && !rc; i++) rc = cli_load_spec(a->models[i], NULL, &specs[i]);
+  moejit_status st = rc ? MOEJIT_OK : moejit_sweep_set_shapes(sweep, specs, a->n_models);
+  if (st) {
+    fprintf(stderr, "moejit: --model: %s\n", moejit_last_error());
+    rc = CLI_EXIT_USAGE;
+  }
+  for (int i = 0; !rc && !a->json && i < a->n_models; i++)
+    printf("%s %s (%s d=%lld f=%lld E=%d k=%d)\n", i ? "      " : "model:", specs[i].name,
+           moejit_dtype_name(specs[i].act_dtype), (long long)specs[i].hidden,
+           (long long)specs[i].expert_width, (int)specs[i].experts, (int)specs[i].top_k);
+  if (!rc && !a->results) {
+    if (snprintf(results, cap, "tune-out/%s-%s", moejit_sweep_name(sweep), specs[0].name) >=
+        (int)cap) {
+      fprintf(stderr, "moejit: --model: the results path is too long; give --results\n");
+      rc = CLI_EXIT_USAGE;
+    }
+    a->results = results;
+  }
+  free(specs);
+  return rc;
+}
+
 int cli_tune(int argc, char **argv) {
   tune_args a = {.runoff = -1};
   int rc = parse_args(argc, argv, &a);
@@ -341,6 +385,9 @@ int cli_tune(int argc, char **argv) {
     fprintf(stderr, "moejit: %s\n", moejit_last_error());
     return st == MOEJIT_ERR_IO ? CLI_EXIT_FAILURE : CLI_EXIT_USAGE;
   }
+  char results[4096];
+  if (a.n_models && (rc = use_models(&a, sweep, results, sizeof results)))
+    return moejit_sweep_destroy(sweep), rc;
   moejit_ctx *ctx = NULL;
   char why[2048] = "";
   if ((rc = open_gpu(&a, &ctx, why, sizeof why))) return moejit_sweep_destroy(sweep), rc;

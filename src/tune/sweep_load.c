@@ -686,6 +686,65 @@ const char *moejit_sweep_name(const moejit_sweep *sweep) {
   return sweep ? sweep->name : "";
 }
 
+_Static_assert(MOEJIT_TUNE_MAX_MODELS == MJ_SWEEP_MAX_SHAPES, "moejit_sweep_set_shapes' limit");
+
+/* What finish_shape checks, for a spec given in memory (no YAML position). */
+static moejit_status model_shape(const moejit_sweep *sw, const moejit_spec *spec, int i,
+                                 mj_sweep_shape *sh) {
+  const char *op = "moejit_sweep_set_shapes";
+  memset(sh, 0, sizeof *sh);
+  sh->spec = *spec;
+  sh->spec.n_archs = 1;
+  mj_strlcpy(sh->spec.archs[0], sw->arch, sizeof sh->spec.archs[0]);
+  const moejit_dtype dt = sh->spec.act_dtype;
+  if (dt != sh->spec.weight_dtype || (dt != MOEJIT_DTYPE_BF16 && dt != MOEJIT_DTYPE_FP16))
+    return mj_fail(MOEJIT_ERR_CONFIG,
+                   "%s: specs[%d] (%.*s): activations %s, weights %s; tuning covers bf16 and "
+                   "fp16 layers with equal activation and weight dtypes",
+                   op, i, MOEJIT_NAME_MAX - 1, spec->name, moejit_dtype_name(dt),
+                   moejit_dtype_name(sh->spec.weight_dtype));
+  if (moejit_spec_validate(&sh->spec) != MOEJIT_OK) {
+    char why[1024]; /* the message, before mj_fail writes over it */
+    mj_strlcpy(why, moejit_last_error(), sizeof why);
+    return mj_fail(MOEJIT_ERR_CONFIG, "%s: specs[%d]: %s", op, i, why);
+  }
+  mj_strlcpy(sh->name, spec->name, sizeof sh->name);
+  memcpy(sh->tokens, sw->tokens, sizeof sh->tokens);
+  sh->n_tokens = sw->n_tokens;
+  for (int t = 0; t < sh->n_tokens; t++)
+    if (sh->tokens[t] > INT32_MAX / sh->spec.top_k)
+      return mj_fail(MOEJIT_ERR_CONFIG,
+                     "%s: specs[%d] (%s): %lld tokens x top_k %d rows do not fit in int32", op, i,
+                     sh->name, (long long)sh->tokens[t], (int)sh->spec.top_k);
+  return MOEJIT_OK;
+}
+
+moejit_status moejit_sweep_set_shapes(moejit_sweep *sweep, const moejit_spec *specs, int n) {
+  const char *op = "moejit_sweep_set_shapes";
+  if (!sweep || !specs)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: sweep and specs are required", op);
+  if (n < 1 || n > MJ_SWEEP_MAX_SHAPES)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: n = %d specs; give 1 to %d", op, n,
+                   MJ_SWEEP_MAX_SHAPES);
+  mj_sweep_shape *shapes = calloc((size_t)n, sizeof *shapes);
+  if (!shapes) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op);
+  moejit_status st = MOEJIT_OK;
+  for (int i = 0; i < n && !st; i++) {
+    st = model_shape(sweep, &specs[i], i, &shapes[i]);
+    for (int j = 0; !st && j < i; j++)
+      if (!strcmp(shapes[j].name, shapes[i].name))
+        st = mj_fail(MOEJIT_ERR_CONFIG,
+                     "%s: specs[%d] and specs[%d] are both named '%s'; HINT: give each model "
+                     "its own name",
+                     op, j, i, shapes[i].name);
+  }
+  if (st) return free(shapes), st;
+  free(sweep->shapes);
+  sweep->shapes = shapes;
+  sweep->n_shapes = n;
+  return MOEJIT_OK;
+}
+
 static int is_file(const char *path) {
   struct stat sb;
   return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);

@@ -148,6 +148,7 @@ Test(cli_tune, options) {
   cr_assert(strstr(out, "--budget-seconds"), "%s", out);
   cr_assert(strstr(out, "--keep-within PCT"), "%s", out);
   cr_assert(strstr(out, "--runoff N"), "%s", out);
+  cr_assert(strstr(out, "--model CONFIG"), "%s", out);
   free(out);
   cr_assert_eq(ts_run_cli((const char *const[]){"tune", NULL}, no_gpu_env, NULL, &err), 2);
   cr_assert(strstr(err, "needs a SWEEP"), "%s", err);
@@ -169,4 +170,46 @@ Test(cli_tune, options) {
   cr_assert_eq(ts_run_cli((const char *const[]){"--help", NULL}, NULL, &out, NULL), 0);
   cr_assert(strstr(out, "tune SWEEP"), "the command list names tune: %s", out);
   free(out);
+}
+
+/* --model: the sweep's spaces over a config file's and a preset's shapes
+ * instead of its own; bad models exit with the loader's words. */
+Test(cli_tune, models_replace_the_sweep_shapes) {
+  char *out = NULL, *err = NULL;
+  const char *phi = MOEJIT_TEST_SOURCE_DIR "/configs/more-models/phi35-moe.yaml";
+  int rc = TUNE(&out, &err, "smoke", "--model", phi, "--model", "olmoe-1b-7b", "--dry-run");
+  cr_assert_eq(rc, 0, "stderr: %s", err);
+  cr_assert(strstr(out, "model: phi35-moe (bf16 d=4096 f=6400 E=16 k=2)"), "%s", out);
+  cr_assert(strstr(out, "olmoe-1b-7b (bf16 d=2048 f=1024 E=64 k=8)"), "%s", out);
+  /* two shapes' candidates (the smoke sweep alone has 12 left, 36 points) */
+  cr_assert(strstr(out, "26 candidates left, 72 points"), "%s", out);
+  free(out), free(err);
+  rc = TUNE(&out, &err, "smoke", "--model", "olmoe-1b-7b", "--dry-run", "--json");
+  cr_assert_eq(rc, 0, "stderr: %s", err);
+  cr_assert(ts_json_valid(out), "--json prints only JSON: %s", out);
+  free(out), free(err);
+  cr_assert_eq(TUNE(NULL, &err, "smoke", "--model", "no-such-model", "--dry-run"), 1);
+  cr_assert(strstr(err, "no-such-model"), "%s", err);
+  free(err);
+  cr_assert_eq(
+      TUNE(NULL, &err, "smoke", "--model", "olmoe-1b-7b", "--model", "olmoe-1b-7b", "--dry-run"),
+      2);
+  cr_assert(strstr(err, "both named 'olmoe-1b-7b'"), "%s", err);
+  free(err);
+  /* a config the tuner cannot take: fp32 weights */
+  char cfg[1200];
+  snprintf(cfg, sizeof cfg, "%s/fp32.yaml", tmp);
+  FILE *f = fopen(cfg, "w");
+  cr_assert(f);
+  fputs(
+      "name: fp32-model\nmodel: {hidden: 256, expert_width: 128, experts: 4, top_k: 2}\n"
+      "dtypes: {activation: fp32, weight: fp32}\n"
+      "kernels:\n  gemm1: {tile_m: 32, tile_n: 64, tile_k: 32, stages: 2, warps: 4}\n"
+      "  gemm2: {tile_m: 32, tile_n: 64, tile_k: 32, stages: 2, warps: 4}\n",
+      f);
+  fclose(f);
+  cr_assert_eq(TUNE(NULL, &err, "smoke", "--model", cfg, "--dry-run"), 2);
+  cr_assert(strstr(err, "fp32-model") && strstr(err, "bf16 and fp16"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, NULL, "smoke", "--model"), 2, "--model needs a value");
 }

@@ -671,3 +671,64 @@ Test(tune_sweep, heuristic_tile_is_gemv_up_to_its_row_limit) {
   if (mj_tune_heuristic_tile(&f, 1, 1, "sm_90a", &cfg, &path))
     cr_assert_neq(path, MOEJIT_GEMM_PATH_GEMV, "fp32: AUTO cannot take gemv");
 }
+
+/* moejit_sweep_set_shapes: model specs replace the sweep's shapes, with
+ * their own tiles as the heuristic and the sweep's token counts; a bad
+ * spec leaves the sweep as it was. */
+Test(tune_sweep, model_specs_replace_the_shapes) {
+  moejit_sweep *sw = load(HEAD SPACE);
+  moejit_spec specs[2];
+  cr_assert_eq(moejit_spec_load_preset("mixtral-8x7b", &specs[0]), MOEJIT_OK);
+  moejit_spec_init(&specs[1]);
+  mj_strlcpy(specs[1].name, "my-model", sizeof specs[1].name);
+  specs[1].hidden = 1024, specs[1].expert_width = 512, specs[1].experts = 16, specs[1].top_k = 4;
+  specs[1].act_dtype = specs[1].weight_dtype = specs[1].out_dtype = MOEJIT_DTYPE_FP16;
+  specs[1].gemm2.tile_m = 64, specs[1].gemm2.tile_n = 128;
+  cr_assert_eq(moejit_sweep_set_shapes(sw, specs, 2), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(sw->n_shapes, 2);
+  cr_assert_str_eq(sw->shapes[0].name, "mixtral-8x7b");
+  cr_assert_str_eq(sw->shapes[1].name, "my-model");
+  cr_assert_eq(sw->shapes[1].spec.hidden, 1024);
+  cr_assert_eq(sw->shapes[1].spec.act_dtype, MOEJIT_DTYPE_FP16);
+  cr_assert_eq(sw->shapes[1].spec.gemm2.tile_n, 128, "the spec's tile is the heuristic");
+  cr_assert_str_eq(sw->shapes[1].spec.archs[0], "sm_90a", "the sweep's arch");
+  for (int s = 0; s < 2; s++) {
+    cr_assert_eq(sw->shapes[s].n_tokens, 2);
+    cr_assert_eq(sw->shapes[s].tokens[1], 64);
+  }
+  /* the plan tunes them: candidates of both shapes, the heuristic's tiles among them */
+  mj_tune_plan p;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &p), MOEJIT_OK, "%s", moejit_last_error());
+  int seen[2] = {0, 0};
+  for (size_t i = 0; i < p.n; i++) seen[p.cands[i].shape] += !p.cands[i].pruned;
+  cr_assert(seen[0] > 0 && seen[1] > 0, "%d %d", seen[0], seen[1]);
+  mj_tune_plan_free(&p);
+
+  /* errors: the sweep keeps its shapes */
+  moejit_spec bad[2] = {specs[1], specs[1]};
+  cr_assert_eq(moejit_sweep_set_shapes(sw, bad, 2), MOEJIT_ERR_CONFIG);
+  cr_assert(strstr(moejit_last_error(), "both named 'my-model'"), "%s", moejit_last_error());
+  bad[1].act_dtype = bad[1].weight_dtype = MOEJIT_DTYPE_FP32;
+  mj_strlcpy(bad[1].name, "fp32-model", sizeof bad[1].name);
+  cr_assert_eq(moejit_sweep_set_shapes(sw, bad, 2), MOEJIT_ERR_CONFIG);
+  cr_assert(strstr(moejit_last_error(), "specs[1] (fp32-model)") &&
+                strstr(moejit_last_error(), "bf16 and fp16"),
+            "%s", moejit_last_error());
+  bad[1] = specs[1], bad[1].experts = 0;
+  cr_assert_eq(moejit_sweep_set_shapes(sw, bad + 1, 1), MOEJIT_ERR_CONFIG);
+  cr_assert(strstr(moejit_last_error(), "specs[0]") && strstr(moejit_last_error(), "experts"), "%s",
+            moejit_last_error());
+  bad[1] = specs[1], bad[1].top_k = 16, bad[1].experts = 16;
+  moejit_sweep *big = load("name: b\ntokens: [1, 200000000]\nshapes: [olmoe-1b-7b]\n" SPACE);
+  cr_assert_eq(moejit_sweep_set_shapes(big, bad + 1, 1), MOEJIT_ERR_CONFIG);
+  cr_assert(strstr(moejit_last_error(), "do not fit in int32"), "%s", moejit_last_error());
+  moejit_sweep_destroy(big);
+  cr_assert_eq(moejit_sweep_set_shapes(sw, specs, 0), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(moejit_sweep_set_shapes(sw, specs, MOEJIT_TUNE_MAX_MODELS + 1),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(moejit_sweep_set_shapes(sw, NULL, 1), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(moejit_sweep_set_shapes(NULL, specs, 1), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(sw->n_shapes, 2);
+  cr_assert_str_eq(sw->shapes[1].name, "my-model");
+  moejit_sweep_destroy(sw);
+}
