@@ -53,6 +53,13 @@ typedef struct mj_sweep_space {
   int line, col;
 } mj_sweep_space;
 
+/* At decode sizes (T * k <= MOEJIT_GEMV_MAX_ROWS), where AUTO runs the GEMV
+ * kernel, how much faster than GEMV another path must be to win the point:
+ * the layer's two-launch decode form, which needs GEMV on both GEMMs, took
+ * 9.2 us off qwen3-30b-a3b and olmoe-1b-7b at T = 1 on an H100 (44.3 -> 35.1
+ * and 52.1 -> 42.9 us; docs/layer.md, "Decode"). */
+#define MJ_TUNE_DECODE_FORM_US 10.0
+
 /* Most candidates in a point's runoff (timing.runoff, --runoff). */
 #define MJ_TUNE_MAX_RUNOFF MOEJIT_TUNE_MAX_RUNOFF
 

@@ -424,6 +424,33 @@ Test(tune_engine, gemv_winner_reaches_the_table_and_the_load) {
   mj_tuned_table_free(&t);
 }
 
+/* At T = 4 (8 rows: AUTO runs GEMV, the layer its decode form) the fastest
+ * candidate, wgmma 64x128 s4 (150.5 us for gemm1, 151.5 for gemm2), wins
+ * over GEMV only by more than MJ_TUNE_DECODE_FORM_US; other T as before. */
+Test(tune_engine, decode_sizes_keep_gemv_unless_another_path_saves_more) {
+  const struct {
+    double gemv_us;
+    int gemv_wins;
+  } cases[] = {{155, 1}, {160, 1}, {170, 0}, {140, 1}};
+  for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
+    fake f = {.wrong_tile_m = 16, .gemv_us = cases[c].gemv_us};
+    moejit_tune_summary s;
+    ts_rmtree(results);
+    cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+    cr_assert_eq(s.n_winners, 6);
+    for (size_t i = 0; i < s.n_winners; i++) {
+      const moejit_tune_winner *w = &s.winners[i];
+      const int gemv = w->tokens == 4 && cases[c].gemv_wins;
+      cr_assert_eq(w->path, gemv ? MOEJIT_GEMM_PATH_GEMV : MOEJIT_GEMM_PATH_WGMMA,
+                   "GEMV at %g us, %s T=%lld: %s", cases[c].gemv_us, w->kernel,
+                   (long long)w->tokens, moejit_gemm_path_name(w->path));
+      if (gemv) cr_assert_float_eq(w->us, cases[c].gemv_us, 1e-9);
+      if (w->tokens == 4 && !gemv) cr_assert_lt(w->us, cases[c].gemv_us - MJ_TUNE_DECODE_FORM_US);
+    }
+    moejit_tune_summary_free(&s);
+  }
+}
+
 /* Refused before anything is timed: the run would end unable to write its
  * table. */
 Test(tune_engine, table_of_another_device_is_refused) {
