@@ -197,19 +197,14 @@ Test(cli_tune, models_replace_the_sweep_shapes) {
   cr_assert(strstr(err, "both named 'olmoe-1b-7b'"), "%s", err);
   free(err);
   /* a config the tuner cannot take: fp32 weights */
-  char cfg[1200];
-  snprintf(cfg, sizeof cfg, "%s/fp32.yaml", tmp);
-  FILE *f = fopen(cfg, "w");
-  cr_assert(f);
-  fputs(
+  char *cfg = ts_write_file(
+      tmp, "fp32.yaml",
       "name: fp32-model\nmodel: {hidden: 256, expert_width: 128, experts: 4, top_k: 2}\n"
       "dtypes: {activation: fp32, weight: fp32}\n"
       "kernels:\n  gemm1: {tile_m: 32, tile_n: 64, tile_k: 32, stages: 2, warps: 4}\n"
-      "  gemm2: {tile_m: 32, tile_n: 64, tile_k: 32, stages: 2, warps: 4}\n",
-      f);
-  fclose(f);
+      "  gemm2: {tile_m: 32, tile_n: 64, tile_k: 32, stages: 2, warps: 4}\n");
   cr_assert_eq(TUNE(NULL, &err, "smoke", "--model", cfg, "--dry-run"), 2);
   cr_assert(strstr(err, "fp32-model") && strstr(err, "bf16 and fp16"), "%s", err);
-  free(err);
+  free(err), free(cfg);
   cr_assert_eq(TUNE(NULL, NULL, "smoke", "--model"), 2, "--model needs a value");
 }

@@ -1103,6 +1103,15 @@ Test(gemm, plan_matches_template_rules) {
 }
 
 /* The wgmma plan mirrors mj_wg_shape (templates/common/gemm_wgmma.cuh). */
+/* The entry AUTO (or `path`) plans for `rows` rows of GEMM `which`. */
+static void plan_entry_is(const moejit_spec *s, int which, moejit_gemm_path path, int64_t rows,
+                          const char *entry) {
+  mj_gemm_plan p;
+  cr_assert_eq(mj_gemm_plan_make_for(s, which, path, rows, "sm_90a", &p), MOEJIT_OK, "%s",
+               moejit_last_error());
+  cr_assert_str_eq(p.entry, entry, "gemm%d, %lld rows", which, (long long)rows);
+}
+
 Test(gemm, wgmma_plan_matches_template_rules) {
   unsetenv("MOEJIT_GEMM_WGMMA_NARROW");
   moejit_spec s = make_spec(2048, 768, 128, MOEJIT_DTYPE_BF16, cfg(64, 256, 64, 4, 8, 0));
@@ -1148,31 +1157,22 @@ Test(gemm, wgmma_plan_matches_template_rules) {
   cr_assert_str_eq(mj_gemm1_gather_entry(&p), "moejit_gemm1_swiglu_wgmma_narrow_gather");
   /* and while the experts hold 48 rows or fewer on average (128 experts:
    * 6144 rows), though the spec's tile would make enough work items */
-  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 48 * 128, "sm_90a", &p),
-               MOEJIT_OK);
-  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
-  cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_AUTO, 48 * 128, "sm_90a", &p),
-               MOEJIT_OK);
-  cr_assert_str_eq(p.entry, "moejit_gemm2_wgmma_narrow");
-  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 48 * 128 + 1, "sm_90a", &p),
-               MOEJIT_OK);
-  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma");
+  const moejit_gemm_path au = MOEJIT_GEMM_PATH_AUTO;
+  plan_entry_is(&s, 1, au, 48 * 128, "moejit_gemm1_swiglu_wgmma_narrow");
+  plan_entry_is(&s, 2, au, 48 * 128, "moejit_gemm2_wgmma_narrow");
+  plan_entry_is(&s, 1, au, 48 * 128 + 1, "moejit_gemm1_swiglu_wgmma");
+  cr_assert_eq(mj_gemm_plan_make_for(&s, 1, au, 48 * 128 + 1, "sm_90a", &p), MOEJIT_OK);
   cr_assert_eq(p.tile_m, 64);
   cr_assert_eq(p.tile_n, 256);
   cr_assert_str_eq(mj_gemm1_gather_entry(&p), "moejit_gemm1_swiglu_wgmma_gather");
   /* 8 wide experts: 896 work items of 128x256 at 9 rows (about one row an
    * expert), 1232 at 392 (49 rows an expert) */
   moejit_spec wide = make_spec(4096, 14336, 8, MOEJIT_DTYPE_BF16, cfg(128, 256, 64, 4, 8, 0));
-  cr_assert_eq(mj_gemm_plan_make_for(&wide, 1, MOEJIT_GEMM_PATH_AUTO, 9, "sm_90a", &p), MOEJIT_OK);
-  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
-  cr_assert_eq(mj_gemm_plan_make_for(&wide, 1, MOEJIT_GEMM_PATH_AUTO, 8 * 48, "sm_90a", &p),
-               MOEJIT_OK);
-  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma_narrow");
-  cr_assert_eq(mj_gemm_plan_make_for(&wide, 1, MOEJIT_GEMM_PATH_AUTO, 8 * 49, "sm_90a", &p),
-               MOEJIT_OK);
-  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma");
-  cr_assert_eq(mj_gemm_plan_make_for(&wide, 1, MOEJIT_GEMM_PATH_WGMMA, 9, "sm_90a", &p), MOEJIT_OK);
-  cr_assert_str_eq(p.entry, "moejit_gemm1_swiglu_wgmma", "an explicit path keeps the spec's tile");
+  plan_entry_is(&wide, 1, au, 9, "moejit_gemm1_swiglu_wgmma_narrow");
+  plan_entry_is(&wide, 1, au, 8 * 48, "moejit_gemm1_swiglu_wgmma_narrow");
+  plan_entry_is(&wide, 1, au, 8 * 49, "moejit_gemm1_swiglu_wgmma");
+  /* an explicit path keeps the spec's tile */
+  plan_entry_is(&wide, 1, MOEJIT_GEMM_PATH_WGMMA, 9, "moejit_gemm1_swiglu_wgmma");
   /* other archs: mma.sync on the 64-row decode tile (GEMM 2's: 64x128) */
   cr_assert_eq(mj_gemm_plan_make_for(&s, 2, MOEJIT_GEMM_PATH_AUTO, 8, "sm_80", &p), MOEJIT_OK);
   cr_assert(p.use_mma && p.decode && !p.use_wgmma);
