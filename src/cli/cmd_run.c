@@ -39,6 +39,9 @@ static void run_usage(FILE *f) {
       "                     first demotes the lines stored with the evict_last policy,\n"
       "                     then reads twice the L2's size) or plain (the reads alone,\n"
       "                     as a model's other kernels between two calls would leave it)\n"
+      "  --vs-heuristic     also load the layer with tuned tables off and time its graph\n"
+      "                     replay beside the tuned one, interleaved: a tuned table's\n"
+      "                     gain (or loss) in the whole layer, per T\n"
       "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, ~/.cache/moejit)\n"
       "  --json             print one JSON object instead of tables\n"
       "\n"
@@ -128,12 +131,18 @@ static int parse_args(int argc, char **argv, run_args *a) {
       if (bad) return CLI_EXIT_USAGE;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
+    } else if (cli_flag(argv, i, "--vs-heuristic")) {
+      a->vs_heuristic = 1;
     } else if ((rc = cli_positional(argv[i], &a->config, "run"))) {
       return rc;
     }
   }
   if (a->ep && a->flush_plain) {
     fprintf(stderr, "moejit: --flush applies to the one-GPU run; leave it out with --ep\n");
+    return CLI_EXIT_USAGE;
+  }
+  if (a->ep && a->vs_heuristic) {
+    fprintf(stderr, "moejit: --vs-heuristic applies to the one-GPU run; leave it out with --ep\n");
     return CLI_EXIT_USAGE;
   }
   if (!a->ep && (a->ep_rank >= 0 || a->ep_id_file || a->ep_route || a->ep_device >= 0)) {

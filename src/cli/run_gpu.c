@@ -26,6 +26,7 @@ typedef struct point {
   int skipped;
   double need_bytes;
   double eager_ms, graph_ms, flops, weight_bytes, io_bytes, floor_ms, rel_err;
+  double heur_ms, heur_rel_err; /* --vs-heuristic: the tables-off layer's graph time, check */
   int active, checked, ok;
   char problem[256];
 } point;
@@ -35,7 +36,8 @@ typedef struct gpu_state {
   const moejit_spec *s;
   moejit_ctx *ctx;
   moejit_model *model;
-  moejit_load_report cold, warm;
+  moejit_model *heur; /* --vs-heuristic: the same layer, tuned tables off; else NULL */
+  moejit_load_report cold, warm, heur_load;
   moejit_device_info dev;
   moejit_stream stream;
   moejit_event ev0, ev1;
@@ -89,7 +91,20 @@ static moejit_status load_twice(gpu_state *g) {
   if (st) return st;
   o.report = &g->warm;
   if ((st = moejit_model_load_config(g->ctx, what, &o, &g->model))) return st;
+  if (g->a->vs_heuristic) {
+    o.report = &g->heur_load, o.tuned_disable = 1;
+    if ((st = moejit_model_load_config(g->ctx, what, &o, &g->heur))) return st;
+  }
   return moejit_ctx_device_info(g->ctx, &g->dev);
+}
+
+/* The workspace a forward of t tokens needs: the model's, or with
+ * --vs-heuristic the larger of the two models' (they share the buffers). */
+static moejit_status ws_size(const gpu_state *g, int64_t t, size_t *ws) {
+  size_t h = 0;
+  moejit_status st = moejit_moe_workspace_size(g->model, t, ws);
+  if (!st && g->heur && !(st = moejit_moe_workspace_size(g->heur, t, &h)) && h > *ws) *ws = h;
+  return st;
 }
 
 static moejit_status alloc(gpu_state *g, size_t bytes, void **p) {
@@ -147,7 +162,7 @@ static moejit_status plan_points(gpu_state *g) {
     memset(p, 0, sizeof *p);
     p->tokens = g->a->tokens[i];
     size_t ws = 0;
-    moejit_status st = moejit_moe_workspace_size(g->model, p->tokens, &ws);
+    moejit_status st = ws_size(g, p->tokens, &ws);
     if (st) return st;
     p->need_bytes = io_bytes_for(g, p->tokens) + (double)ws + 4096.0;
     p->skipped = p->need_bytes > MEM_FRACTION * (double)g->free_after_weights;
@@ -160,7 +175,7 @@ static moejit_status make_inputs(gpu_state *g) {
   const moejit_spec *s = g->s;
   const int64_t t = g->max_tokens;
   const size_t lsz = moejit_dtype_size(s->logits_dtype), n_logits = (size_t)t * s->experts;
-  moejit_status st = moejit_moe_workspace_size(g->model, t, &g->ws_bytes);
+  moejit_status st = ws_size(g, t, &g->ws_bytes);
   if (st || (st = alloc(g, (size_t)t * s->hidden * act_size(s), &g->x)) ||
       (st = alloc(g, n_logits * lsz, &g->logits)) ||
       (st = alloc(g, (size_t)t * s->hidden * moejit_dtype_size(s->out_dtype), &g->out)) ||
@@ -251,14 +266,15 @@ static moejit_status time_one(gpu_state *g, const moejit_moe_args *args, moejit_
   return st;
 }
 
-/* Medians of `iters` eager runs and `iters` graph replays, after WARMUPS
- * untimed pairs. The two alternate, so both see the same clocks: timed one
- * after the other, the second set ran 2-8% slower at large T as the GPU
- * warmed and its clocks dropped. */
-static moejit_status time_runs(gpu_state *g, int64_t t, moejit_graph *graph, double *eager_ms,
-                               double *graph_ms) {
+/* Medians of `iters` eager runs and `iters` graph replays (and of the
+ * heuristic model's graph `heur`, when given), after WARMUPS untimed rounds.
+ * They alternate, so all see the same clocks: timed one after the other,
+ * the second set ran 2-8% slower at large T as the GPU warmed and its
+ * clocks dropped. */
+static moejit_status time_runs(gpu_state *g, int64_t t, moejit_graph *graph, moejit_graph *heur,
+                               point *p) {
   const int iters = g->a->iters;
-  float *ms = malloc(sizeof(float) * 2 * (size_t)iters), scratch;
+  float *ms = malloc(sizeof(float) * 3 * (size_t)iters), scratch;
   if (!ms) return MOEJIT_ERR_OUT_OF_MEMORY;
   moejit_moe_args args = forward_args(g, t);
   moejit_status st = MOEJIT_OK;
@@ -266,10 +282,12 @@ static moejit_status time_runs(gpu_state *g, int64_t t, moejit_graph *graph, dou
     const int timed = i >= WARMUPS;
     st = time_one(g, &args, NULL, timed ? &ms[i - WARMUPS] : &scratch);
     if (!st) st = time_one(g, &args, graph, timed ? &ms[iters + i - WARMUPS] : &scratch);
+    if (!st && heur) st = time_one(g, &args, heur, timed ? &ms[2 * iters + i - WARMUPS] : &scratch);
   }
   if (!st) {
-    *eager_ms = median_of(ms, iters);
-    *graph_ms = median_of(ms + iters, iters);
+    p->eager_ms = median_of(ms, iters);
+    p->graph_ms = median_of(ms + iters, iters);
+    if (heur) p->heur_ms = median_of(ms + 2 * iters, iters);
   }
   free(ms);
   return st;
@@ -334,8 +352,9 @@ static void check_sample(const gpu_state *g, int64_t t, const void *out, const i
              p->rel_err, n, tolerance(s));
 }
 
-/* Eager run, downloads and checks; fills host_out for the graph comparison. */
-static moejit_status eager_checked(gpu_state *g, point *p, void *host_out) {
+/* Eager run of model m, downloads and checks; fills host_out for the graph
+ * comparison. */
+static moejit_status eager_checked(gpu_state *g, moejit_model *m, point *p, void *host_out) {
   const int64_t t = p->tokens;
   const size_t out_bytes = (size_t)t * g->s->hidden * moejit_dtype_size(g->s->out_dtype);
   const size_t n_ids = (size_t)t * g->s->top_k;
@@ -343,7 +362,7 @@ static moejit_status eager_checked(gpu_state *g, point *p, void *host_out) {
   float *w = malloc(n_ids * 4);
   moejit_moe_args args = forward_args(g, t);
   moejit_status st = !ids || !w ? MOEJIT_ERR_OUT_OF_MEMORY : poison_out(g, t);
-  if (!st) st = moejit_moe_forward(g->model, &args, g->stream);
+  if (!st) st = moejit_moe_forward(m, &args, g->stream);
   if (!st) st = moejit_memcpy_dtoh(g->ctx, host_out, g->out, out_bytes, g->stream);
   if (!st) st = moejit_memcpy_dtoh(g->ctx, ids, g->ids, n_ids * 4, g->stream);
   if (!st) st = moejit_memcpy_dtoh(g->ctx, w, g->weights, n_ids * 4, g->stream);
@@ -354,16 +373,16 @@ static moejit_status eager_checked(gpu_state *g, point *p, void *host_out) {
   return st;
 }
 
-/* Captures one forward, replays it once on a poisoned output and requires
- * the bits of the eager run. *graph is kept for timing. */
-static moejit_status graph_checked(gpu_state *g, point *p, const void *eager, void *host_out,
-                                   moejit_graph **graph) {
+/* Captures one forward of model m, replays it once on a poisoned output and
+ * requires the bits of the eager run. *graph is kept for timing. */
+static moejit_status graph_checked(gpu_state *g, moejit_model *m, point *p, const void *eager,
+                                   void *host_out, moejit_graph **graph) {
   const int64_t t = p->tokens;
   const size_t out_bytes = (size_t)t * g->s->hidden * moejit_dtype_size(g->s->out_dtype);
   moejit_moe_args args = forward_args(g, t);
   moejit_status st = moejit_graph_begin_capture(g->ctx, g->stream);
   if (st) return st;
-  moejit_status fwd = moejit_moe_forward(g->model, &args, g->stream);
+  moejit_status fwd = moejit_moe_forward(m, &args, g->stream);
   st = moejit_graph_end_capture(g->ctx, g->stream, graph); /* always end it */
   if (fwd) return fwd;
   if (!st) st = poison_out(g, t);
@@ -387,16 +406,34 @@ static void finish_point(const gpu_state *g, point *p) {
   p->ok = !p->problem[0];
 }
 
+/* --vs-heuristic: the tables-off model checked as the other is (float64,
+ * graph replay bitwise equal to its eager run); a problem is the point's,
+ * named as the heuristic's. Its graph is kept for timing. */
+static moejit_status heur_checked(gpu_state *g, point *p, void *eager, void *replay,
+                                  moejit_graph **graph) {
+  point h = *p;
+  h.problem[0] = '\0';
+  moejit_status st = eager_checked(g, g->heur, &h, eager);
+  if (!st) st = graph_checked(g, g->heur, &h, eager, replay, graph);
+  p->heur_rel_err = h.rel_err;
+  if (h.problem[0] && !p->problem[0])
+    snprintf(p->problem, sizeof p->problem, "tables off: %.200s", h.problem);
+  return st;
+}
+
 static moejit_status run_point(gpu_state *g, point *p) {
   const size_t out_bytes = (size_t)p->tokens * g->s->hidden * moejit_dtype_size(g->s->out_dtype);
   void *eager = malloc(out_bytes), *replay = malloc(out_bytes);
-  moejit_graph *graph = NULL;
-  moejit_status st = !eager || !replay ? MOEJIT_ERR_OUT_OF_MEMORY : eager_checked(g, p, eager);
-  if (!st) st = graph_checked(g, p, eager, replay, &graph);
+  moejit_graph *graph = NULL, *heur = NULL;
+  moejit_status st =
+      !eager || !replay ? MOEJIT_ERR_OUT_OF_MEMORY : eager_checked(g, g->model, p, eager);
+  if (!st) st = graph_checked(g, g->model, p, eager, replay, &graph);
+  if (!st && g->heur) st = heur_checked(g, p, eager, replay, &heur);
   free(eager);
   free(replay);
-  if (!st) st = time_runs(g, p->tokens, graph, &p->eager_ms, &p->graph_ms);
+  if (!st) st = time_runs(g, p->tokens, graph, heur, p);
   moejit_graph_destroy(g->ctx, graph);
+  moejit_graph_destroy(g->ctx, heur);
   finish_point(g, p);
   return st;
 }
@@ -445,9 +482,12 @@ static void print_text(const gpu_state *g) {
          g->dev.name, g->dev.arch);
   print_load("first", &g->cold);
   print_load("again, new ctx", &g->warm);
+  if (g->heur) print_load("tuned tables off, for --vs-heuristic", &g->heur_load);
   print_configs(g);
-  printf("%7s %10s %10s %8s %7s %10s %7s %7s %8s  %s\n", "T", "eager ms", "graph ms", "TFLOP/s",
-         "W TB/s", "floor ms", "% floor", "experts", "rel err", "check");
+  printf("%7s %10s %10s %8s %7s %10s %7s %7s %8s", "T", "eager ms", "graph ms", "TFLOP/s", "W TB/s",
+         "floor ms", "% floor", "experts", "rel err");
+  if (g->heur) printf(" %10s %8s", "heur ms", "vs heur");
+  printf("  %s\n", "check");
   for (int i = 0; i < g->n_points; i++) {
     const point *p = &g->points[i];
     if (p->skipped) {
@@ -455,10 +495,12 @@ static void print_text(const gpu_state *g) {
              (long long)p->tokens, p->need_bytes / GIB, (double)g->free_after_weights / GIB);
       continue;
     }
-    printf("%7lld %10.4f %10.4f %8.1f %7.2f %10.4f %7.1f %7d %8.1e  %s\n", (long long)p->tokens,
+    printf("%7lld %10.4f %10.4f %8.1f %7.2f %10.4f %7.1f %7d %8.1e", (long long)p->tokens,
            p->eager_ms, p->graph_ms, p->flops / (p->graph_ms * 1e9),
            p->weight_bytes / (p->graph_ms * 1e9), p->floor_ms, 100 * p->floor_ms / p->graph_ms,
-           p->active, p->rel_err, p->ok ? "ok" : p->problem);
+           p->active, p->rel_err);
+    if (g->heur) printf(" %10.4f %7.3fx", p->heur_ms, p->heur_ms / p->graph_ms);
+    printf("  %s\n", p->ok ? "ok" : p->problem);
   }
   printf(
       "floor = max(FLOPs of both GEMMs / %g TFLOP/s, (active experts' W1+W2 + x + out bytes) "
@@ -470,6 +512,11 @@ static void print_text(const gpu_state *g) {
       g->a->ceil_tflops, g->a->ceil_tbps, g->a->ceilings_given ? " (--ceilings)" : "", g->a->iters,
       WARMUPS, g->a->flush_plain ? "plain: evict_last lines stay" : "evict_last lines demoted",
       MAX_SAMPLES);
+  if (g->heur)
+    printf(
+        "heur ms: the same layer loaded with tuned tables off (the heuristic's tiles at every "
+        "T), checked the same way, its graph replay timed in turn with the others; vs heur = "
+        "heur ms / graph ms (above 1: the tuned configuration is faster in the whole layer).\n");
   if (!g->a->ceilings_given && strcmp(g->dev.name, RUN_CEIL_DEVICE) != 0)
     printf("note: those ceilings are an %s's; --ceilings TFLOPS,TBPS sets this GPU's.\n",
            RUN_CEIL_DEVICE);
@@ -502,7 +549,7 @@ static void print_choices_json(const gpu_state *g) {
   printf("]");
 }
 
-static void print_point_json(const point *p) {
+static void print_point_json(const point *p, int vs_heuristic) {
   printf("{\"tokens\":%lld,\"skipped\":%s", (long long)p->tokens, p->skipped ? "true" : "false");
   if (!p->skipped) {
     printf(
@@ -513,6 +560,10 @@ static void print_point_json(const point *p) {
         p->weight_bytes / (p->graph_ms * 1e9), p->floor_ms, 100 * p->floor_ms / p->graph_ms,
         p->active, p->checked, p->rel_err <= 1.7e308 ? p->rel_err : -1.0, p->ok ? "true" : "false");
     cli_json_str(stdout, p->problem);
+    if (vs_heuristic)
+      printf(",\"heuristic_graph_ms\":%.6f,\"vs_heuristic\":%.4f,\"heuristic_rel_err\":%.3e",
+             p->heur_ms, p->heur_ms / p->graph_ms,
+             p->heur_rel_err <= 1.7e308 ? p->heur_rel_err : -1.0);
   } else {
     printf(",\"need_bytes\":%.0f", p->need_bytes);
   }
@@ -530,6 +581,10 @@ static void print_json(const gpu_state *g, int ok) {
   cli_print_load_json(&g->cold);
   printf(",\"load_warm\":");
   cli_print_load_json(&g->warm);
+  if (g->heur) {
+    printf(",\"load_heuristic\":");
+    cli_print_load_json(&g->heur_load);
+  }
   printf(",\"gemm_choices\":");
   print_choices_json(g);
   printf(
@@ -539,7 +594,7 @@ static void print_json(const gpu_state *g, int ok) {
       g->a->ceilings_given ? "--ceilings" : "default");
   for (int i = 0; i < g->n_points; i++) {
     if (i) printf(",");
-    print_point_json(&g->points[i]);
+    print_point_json(&g->points[i], g->heur != NULL);
   }
   printf("],\"ok\":%s}\n", ok ? "true" : "false");
 }
@@ -558,6 +613,7 @@ static void release(gpu_state *g) {
     (void)moejit_stream_destroy(g->ctx, g->stream);
   }
   moejit_model_destroy(g->model);
+  moejit_model_destroy(g->heur);
   moejit_ctx_destroy(g->ctx);
   run_block_free(&g->bx);
   run_block_free(&g->b1);

@@ -23,6 +23,9 @@ typedef struct run_args {
    * the evict_last policy in place (as a model's other kernels do) instead
    * of demoting them first */
   int flush_plain;
+  /* --vs-heuristic: a second model, loaded with tuned tables off, checked
+   * and timed (graph replay) beside the first */
+  int vs_heuristic;
 } run_args;
 
 /* The H100 80GB HBM3's measured ceilings (dense bf16 cuBLAS GEMM, read-only

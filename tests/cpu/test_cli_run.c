@@ -95,16 +95,18 @@ Test(cli_run, usage_errors_exit_2) {
   const char *huge_ceiling[] = {"run", "--ceilings", "750,inf", NULL};
   const char *bad_flush[] = {"run", "--flush", "cold", NULL};
   const char *flush_ep[] = {"run", "--flush", "plain", "--ep", "2", NULL};
+  const char *vs_ep[] = {"run", "--vs-heuristic", "--ep", "2", NULL};
   const char *const *cases[] = {bad_tokens,   zero_tokens, bad_iters,    unknown,
                                 two_configs,  one_ceiling, zero_ceiling, bad_ceiling,
-                                huge_ceiling, bad_flush,   flush_ep};
+                                huge_ceiling, bad_flush,   flush_ep,     vs_ep};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);
     cr_expect_eq(rc, 2, "moejit %s %s: exit %d: %s", cases[i][1], cases[i][2] ? cases[i][2] : "",
                  rc, err);
     cr_expect(err && *err, "moejit %s: no message", cases[i][1]);
-    if (strcmp(cases[i][1], "--ceilings") == 0 || strcmp(cases[i][1], "--flush") == 0)
+    if (strcmp(cases[i][1], "--ceilings") == 0 || strcmp(cases[i][1], "--flush") == 0 ||
+        strcmp(cases[i][1], "--vs-heuristic") == 0)
       cr_expect(
           err && strstr(err, cases[i][1]) && (strstr(err, cases[i][2]) || strstr(err, "--ep")),
           "the message names the option and its value (or the clash): %s", err);
@@ -117,7 +119,8 @@ Test(cli_run, help_and_listing) {
   const char *help[] = {"run", "--help", NULL};
   cr_assert_eq(run_cli(help, &out, NULL), 0);
   cr_expect(strstr(out, "--tokens") && strstr(out, "--iters") && strstr(out, "floor") &&
-                strstr(out, "--ceilings") && strstr(out, "--flush"),
+                strstr(out, "--ceilings") && strstr(out, "--flush") &&
+                strstr(out, "--vs-heuristic"),
             "%s", out);
   free(out);
   const char *top[] = {"--help", NULL};

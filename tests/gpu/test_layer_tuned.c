@@ -507,6 +507,25 @@ Test(layer_tuned, moejit_run_shows_sources_and_choices) {
   cr_expect(floor1 > 0 && fabs(floor2 * 2 - floor1) <= 0.01 * floor1,
             "floor %.6f ms with --ceilings 1500,6 against %.6f by default", floor2, floor1);
   free(out), free(err);
+  /* --vs-heuristic: the tables-off layer checked and timed beside it */
+  const char *vs[] = {"run", cfg, "--tokens", "5,300", "--iters", "2", "--vs-heuristic", NULL};
+  rc = ts_run_cli(vs, NULL, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
+  cr_expect(strstr(out, "load (tuned tables off, for --vs-heuristic)") && strstr(out, "heur ms") &&
+                strstr(out, "vs heur") && !strstr(out, "tables off:"),
+            "stdout: %s", out);
+  free(out), free(err);
+  const char *vsj[] = {"run",    cfg, "--tokens", "5,300", "--iters", "2", "--vs-heuristic",
+                       "--json", NULL};
+  rc = ts_run_cli(vsj, NULL, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstderr: %s", rc, err);
+  cr_expect(ts_json_valid(out), "not one JSON value: %s", out);
+  cr_expect(strstr(out, "\"load_heuristic\":{"), "json: %s", out);
+  cr_expect_eq(ts_count_substr(out, "\"heuristic_graph_ms\":"), 2, "json: %s", out);
+  const char *h = strstr(out, "\"heuristic_graph_ms\":");
+  cr_expect(h && strtod(h + strlen("\"heuristic_graph_ms\":"), NULL) > 0, "json: %s", out);
+  cr_expect(!strstr(out, "\"ok\":false"), "json: %s", out);
+  free(out), free(err);
   free(cfg);
   unsetenv("MOEJIT_TUNED_DIR");
   ts_rmtree(dir);
