@@ -558,7 +558,7 @@ static moejit_status add_winner(run *r, size_t first, size_t end) {
                           best->us > gemv_us - MJ_TUNE_DECODE_FORM_US;
   /* Or the heuristic's own launch measured faster than every candidate (its
    * explicit twin is among them, so only noise separates the two): the
-   * winner is what AUTO runs, so a tuned entry is never the slower choice. */
+   * winner is what AUTO runs, so a tuned entry is never the slower GEMM. */
   if (keep_decode || hus < best->us) {
     const double us = keep_decode ? gemv_us : hus;
     const double flop_us = best->tflops * best->us; /* FLOPs / 1e6, the same for both */
