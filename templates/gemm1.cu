@@ -14,8 +14,9 @@
 // the reference) take (A, W1, h, offsets [E+1] int32, max_rows).
 // moejit_gemm1_swiglu_wgmma and _wgmma_narrow (sm_90a only; the narrow one
 // is a 64 x 128-B-row tile for decode and few rows an expert) take (TMA
-// map of A, TMA map of W1, h, offsets, max_rows); their B tile is the gate box then the up box of
-// the same h columns, so acc columns j and j + kTN/2 pair up in one thread.
+// map of A, TMA map of W1, h, offsets, max_rows); their B tile is the gate
+// box then the up box of the same h columns, so acc columns j and
+// j + kTN/2 pair up in one thread.
 // moejit_gemm1_swiglu_wgmma_gather (the spec tile, A rows gathered from x)
 // and _wgmma_narrow_gather (the narrow tile, gathering) take (TMA map of
 // W1, x, a_index, a_div, x_rows, h, offsets, max_rows).

@@ -199,13 +199,16 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   if ((st = mj_gemm_plan_make_for(spec, which, args->path, args->max_rows, mj_ctx_arch(ctx),
                                    &plan)))
     return mj_ctx_fail(ctx, st);
-  if (args->a_index && plan.use_wgmma && plan.wg_cluster_n)
+  /* gathered A rows: the plan's gathering twin (mj_gemm1_gather_entry), or
+   * why it has none */
+  const char *gather = args->a_index ? mj_gemm1_gather_entry(&plan) : NULL;
+  if (args->a_index && !gather && plan.use_wgmma)
     return mj_ctx_fail(
         ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,
                      "moejit_gemm1_swiglu: args->a_index (gathered A rows) cannot run with "
                      "cluster_n = 2 (CTA pairs along N share A by TMA multicast); HINT: leave "
                      "a_index NULL and pass the rows in order, or set cluster_n to 1"));
-  if (args->a_index && !plan.use_wgmma)
+  if (args->a_index && !gather)
     return mj_ctx_fail(
         ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,
                      "moejit_gemm1_swiglu: args->a_index (gathered A rows) needs the wgmma "
@@ -216,7 +219,7 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
   moejit_kernel *kernel;
   moejit_spec scratch;
   const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, &plan, &scratch);
-  const char *entry = args->a_index ? mj_gemm1_gather_entry(&plan) : plan.entry;
+  const char *entry = gather ? gather : plan.entry;
   if ((st = moejit_ctx_get_kernel(ctx, kspec, plan.family, entry, &kernel)))
     return mj_ctx_fail(ctx, st);
   if (plan.use_wgmma) {

@@ -278,7 +278,8 @@ static int gather_short_tail_loses(const moejit_spec *spec, int64_t tokens, cons
 
 int mj_gemm1_plan_gathers(const moejit_spec *spec, int64_t tokens, const mj_gemm_plan *p,
                           int64_t l2_bytes, int sms) {
-  /* pairs along N share A by TMA multicast, which gathering cannot */
+  /* no gathering twin: not the wgmma kernel, or pairs along N (they share A
+   * by TMA multicast) */
   if (!mj_gemm1_gather_entry(p)) return 0;
   int want = p->tile_m == 64;
   if (!want && p->tile_m == 128 && !p->wg_pingpong && p->wg_cluster == 1 &&

@@ -436,22 +436,39 @@ static moejit_status set_shape_dtype(const sl *L, const mj_yaml_node *v, const c
   return MOEJIT_OK;
 }
 
-/* The shape's spec must validate on the target arch, and T * top_k rows fit int32. */
+/* Why shape sh cannot be tuned, in why (NULL: it can): its spec, on the
+ * sweep's arch (set here), must have equal bf16 or fp16 activation and
+ * weight dtypes and validate, and T * top_k rows must fit int32. YAML
+ * shapes (finish_shape) and model specs (moejit_sweep_set_shapes) share it. */
+static const char *shape_problem(const moejit_sweep *sw, mj_sweep_shape *sh, char *why,
+                                 size_t cap) {
+  sh->spec.n_archs = 1;
+  mj_strlcpy(sh->spec.archs[0], sw->arch, sizeof sh->spec.archs[0]);
+  const moejit_dtype dt = sh->spec.act_dtype;
+  if (dt != sh->spec.weight_dtype || (dt != MOEJIT_DTYPE_BF16 && dt != MOEJIT_DTYPE_FP16)) {
+    snprintf(why, cap,
+             "activations %s, weights %s; tuning covers bf16 and fp16 layers with equal "
+             "activation and weight dtypes",
+             moejit_dtype_name(dt), moejit_dtype_name(sh->spec.weight_dtype));
+    return why;
+  }
+  if (moejit_spec_validate(&sh->spec) != MOEJIT_OK) {
+    mj_strlcpy(why, moejit_last_error(), cap);
+    return why;
+  }
+  for (int i = 0; i < sh->n_tokens; i++)
+    if (sh->tokens[i] > INT32_MAX / sh->spec.top_k) {
+      snprintf(why, cap, "%lld tokens x top_k %d rows do not fit in int32",
+               (long long)sh->tokens[i], (int)sh->spec.top_k);
+      return why;
+    }
+  return NULL;
+}
+
 static moejit_status finish_shape(const sl *L, const mj_yaml_node *n, const char *path,
                                   mj_sweep_shape *sh) {
-  sh->spec.n_archs = 1;
-  mj_strlcpy(sh->spec.archs[0], L->sw->arch, sizeof sh->spec.archs[0]);
-  if (moejit_spec_validate(&sh->spec) != MOEJIT_OK)
-    return fail_at(L, n, path, "%s", moejit_last_error());
-  if (sh->spec.act_dtype != sh->spec.weight_dtype ||
-      (sh->spec.act_dtype != MOEJIT_DTYPE_BF16 && sh->spec.act_dtype != MOEJIT_DTYPE_FP16))
-    return fail_at(L, n, path,
-                   "tuning covers bf16 and fp16 layers with equal activation and weight dtypes");
-  for (int i = 0; i < sh->n_tokens; i++)
-    if (sh->tokens[i] > INT32_MAX / sh->spec.top_k)
-      return fail_at(L, n, path, "%lld tokens x top_k %d rows do not fit in int32",
-                     (long long)sh->tokens[i], (int)sh->spec.top_k);
-  return MOEJIT_OK;
+  char why[1024];
+  return shape_problem(L->sw, sh, why, sizeof why) ? fail_at(L, n, path, "%s", why) : MOEJIT_OK;
 }
 
 static moejit_status load_shape(const sl *L, const mj_yaml_node *n, int index, mj_sweep_shape *sh) {
@@ -688,35 +705,18 @@ const char *moejit_sweep_name(const moejit_sweep *sweep) {
 
 _Static_assert(MOEJIT_TUNE_MAX_MODELS == MJ_SWEEP_MAX_SHAPES, "moejit_sweep_set_shapes' limit");
 
-/* What finish_shape checks, for a spec given in memory (no YAML position). */
+/* Shape i of moejit_sweep_set_shapes: the spec at the sweep's token counts. */
 static moejit_status model_shape(const moejit_sweep *sw, const moejit_spec *spec, int i,
                                  mj_sweep_shape *sh) {
-  const char *op = "moejit_sweep_set_shapes";
+  char why[1024];
   memset(sh, 0, sizeof *sh);
   sh->spec = *spec;
-  sh->spec.n_archs = 1;
-  mj_strlcpy(sh->spec.archs[0], sw->arch, sizeof sh->spec.archs[0]);
-  const moejit_dtype dt = sh->spec.act_dtype;
-  if (dt != sh->spec.weight_dtype || (dt != MOEJIT_DTYPE_BF16 && dt != MOEJIT_DTYPE_FP16))
-    return mj_fail(MOEJIT_ERR_CONFIG,
-                   "%s: specs[%d] (%.*s): activations %s, weights %s; tuning covers bf16 and "
-                   "fp16 layers with equal activation and weight dtypes",
-                   op, i, MOEJIT_NAME_MAX - 1, spec->name, moejit_dtype_name(dt),
-                   moejit_dtype_name(sh->spec.weight_dtype));
-  if (moejit_spec_validate(&sh->spec) != MOEJIT_OK) {
-    char why[1024]; /* the message, before mj_fail writes over it */
-    mj_strlcpy(why, moejit_last_error(), sizeof why);
-    return mj_fail(MOEJIT_ERR_CONFIG, "%s: specs[%d]: %s", op, i, why);
-  }
   mj_strlcpy(sh->name, spec->name, sizeof sh->name);
   memcpy(sh->tokens, sw->tokens, sizeof sh->tokens);
   sh->n_tokens = sw->n_tokens;
-  for (int t = 0; t < sh->n_tokens; t++)
-    if (sh->tokens[t] > INT32_MAX / sh->spec.top_k)
-      return mj_fail(MOEJIT_ERR_CONFIG,
-                     "%s: specs[%d] (%s): %lld tokens x top_k %d rows do not fit in int32", op, i,
-                     sh->name, (long long)sh->tokens[t], (int)sh->spec.top_k);
-  return MOEJIT_OK;
+  if (!shape_problem(sw, sh, why, sizeof why)) return MOEJIT_OK;
+  return mj_fail(MOEJIT_ERR_CONFIG, "moejit_sweep_set_shapes: specs[%d] (%s): %s", i, sh->name,
+                 why);
 }
 
 moejit_status moejit_sweep_set_shapes(moejit_sweep *sweep, const moejit_spec *specs, int n) {
