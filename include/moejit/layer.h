@@ -71,6 +71,12 @@ typedef struct moejit_load_opts {
    * places the experts, and JIT-builds the layer's kernels for this rank's
    * local experts only (the router for all of them). */
   moejit_ep_opts ep;
+  /* A tuned table file to read instead of the device's (a table `moejit
+   * tune` wrote, tried before it is installed), whichever GPU it names;
+   * NULL: the device's table as below. tuned_disable and
+   * $MOEJIT_TUNED_DISABLE=1 still turn it off. A file that cannot be read
+   * or parsed fails the load (IO or CONFIG). */
+  const char *tuned_table;
 } moejit_load_opts;
 
 /* Zeroes opts (no report pointer, tuned tables used). */
@@ -115,8 +121,10 @@ MOEJIT_API moejit_status moejit_model_load_report(const moejit_model *model,
  * Through `compiler`'s cache, so a load on such a GPU whose ctx compiler
  * has the same cache directory and options (lineinfo, fast_math) finds
  * every kernel there: a pre-built cache for machines that must not pay
- * the cold compile. device_name NULL or without a table: the heuristic
- * kernels (the report's config_detail says why). opts may be NULL;
+ * the cold compile. opts->tuned_table: that file's entries instead of the
+ * device's table. device_name NULL (and no opts->tuned_table) or without a
+ * table: the heuristic kernels (the report's config_detail says why). opts
+ * may be NULL;
  * opts->report receives a load report (load_ms 0: no modules are loaded).
  * INVALID_ARGUMENT for NULL compiler or spec, a bad arch, or opts.ep set;
  * the spec's and the compiler's errors as a load. Thread-safe. */

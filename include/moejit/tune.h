@@ -245,6 +245,30 @@ MOEJIT_API moejit_status moejit_tuned_choice(const char *device_name, const moej
                                              int which, int64_t tokens, moejit_gemm_cfg *cfg,
                                              int *path, int *source);
 
+/* Pins the heuristic at one token count of a tuned table file: writes an
+ * entry for GEMM `which` (1 or 2) of spec at `tokens` that holds the plan a
+ * load with tuned tables off runs there (its path and tile on the table's
+ * arch; spec's kernels: tiles are the heuristic's base), replacing the
+ * table's entry for that T, so that no other bucket of the table reaches
+ * T. `moejit tune --check-layer` pins where a tuned choice ran the whole
+ * layer slower than the heuristic (docs/tune.md). `us`: the GEMM's time
+ * alone at that T where it is known (the entry's us and heuristic_us), else
+ * 0 ("not timed alone"). *cfg and *path (MMA, WGMMA or GEMV; both may be
+ * NULL) receive the plan; *changed (may be NULL) is 1 when the table's
+ * choice at T changed (no entry for T before, or one of another plan) and 0
+ * when its entry for T already held this plan, in which case the file is
+ * left as it was. Written atomically. Errors, the file unchanged:
+ * INVALID_ARGUMENT (NULL table_path or spec, which, tokens < 1, us < 0 or
+ * not finite, a spec moejit_spec_validate refuses, dtypes other than bf16
+ * or fp16 for both act and weight), IO (the table cannot be read or
+ * written), CONFIG (it does not parse), NOT_FOUND (the heuristic runs the
+ * SIMT kernel there, which a table cannot name). Host only. */
+MOEJIT_API moejit_status moejit_tuned_table_pin_heuristic(const char *table_path,
+                                                          const moejit_spec *spec, int which,
+                                                          int64_t tokens, double us,
+                                                          moejit_gemm_cfg *cfg, int *path,
+                                                          int *changed);
+
 #ifdef __cplusplus
 }
 #endif

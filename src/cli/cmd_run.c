@@ -42,6 +42,10 @@ static void run_usage(FILE *f) {
       "  --vs-heuristic     also load the layer with tuned tables off and time its graph\n"
       "                     replay beside the tuned one, interleaved: a tuned table's\n"
       "                     gain (or loss) in the whole layer, per T\n"
+      "  --tuned-table FILE load the layer with this tuned table (e.g. one moejit tune\n"
+      "                     just wrote) instead of this GPU's; with --vs-heuristic,\n"
+      "                     what it gains or loses in the whole layer before it is\n"
+      "                     installed\n"
       "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, ~/.cache/moejit)\n"
       "  --json             print one JSON object instead of tables\n"
       "\n"
@@ -104,7 +108,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
     int bad = 0, rc;
     if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return -1;
     if (cli_opt_value(argc, argv, &i, "--preset", &a->preset, &bad) ||
-        cli_opt_value(argc, argv, &i, "--cache-dir", &a->cache_dir, &bad)) {
+        cli_opt_value(argc, argv, &i, "--cache-dir", &a->cache_dir, &bad) ||
+        cli_opt_value(argc, argv, &i, "--tuned-table", &a->tuned_table, &bad)) {
       if (bad) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--tokens", &v, &bad)) {
       if (bad || !parse_tokens(v, a)) return CLI_EXIT_USAGE;
@@ -139,6 +144,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
   }
   if (a->ep && a->flush_plain) {
     fprintf(stderr, "moejit: --flush applies to the one-GPU run; leave it out with --ep\n");
+    return CLI_EXIT_USAGE;
+  }
+  if (a->ep && a->tuned_table) {
+    fprintf(stderr, "moejit: --tuned-table applies to the one-GPU run; leave it out with --ep\n");
     return CLI_EXIT_USAGE;
   }
   if (a->ep && a->vs_heuristic) {
@@ -235,6 +244,23 @@ static void print_no_gpu_text(const moejit_spec *s, const char *why, const char 
          "model load on that GPU builds)\n");
 }
 
+/* --tuned-table without a GPU: builds what a load with that table builds
+ * (its variants), so a table that does not parse fails here too. */
+static int prebuild_table(const run_args *a, const moejit_spec *s, moejit_compiler *comp) {
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  moejit_load_report lr;
+  o.tuned_table = a->tuned_table, o.report = &lr;
+  moejit_status st = moejit_model_prebuild(comp, s, target_arch(s), NULL, &o);
+  if (st) return cli_fail(st, "--tuned-table");
+  for (int i = 0; !a->json && i < lr.n_kernels; i++)
+    if (!strcmp(lr.kernels[i].config_source, "tuned"))
+      printf("tuned table %s: %s %s, %d variant kernel%s built\n", a->tuned_table,
+             lr.kernels[i].kernel, lr.kernels[i].config, lr.kernels[i].variants,
+             lr.kernels[i].variants == 1 ? "" : "s");
+  return CLI_EXIT_OK;
+}
+
 static int run_without_gpu(const run_args *a, const moejit_spec *s, const char *why) {
   moejit_compiler_opts opts;
   moejit_compiler_opts_init(&opts);
@@ -250,18 +276,19 @@ static int run_without_gpu(const run_args *a, const moejit_spec *s, const char *
   st = moejit_compile(comp, s, target_arch(s), reports, MAX_REPORTS, &n);
   double ms = run_now_ms() - t0;
   if (n > MAX_REPORTS) n = MAX_REPORTS;
-  moejit_compiler_destroy(comp);
   if (a->json)
     print_no_gpu_json(s, why, dir, reports, n, ms, st);
   else
     print_no_gpu_text(s, why, dir, reports, n, ms);
+  const int rc = !st && a->tuned_table ? prebuild_table(a, s, comp) : CLI_EXIT_OK;
+  moejit_compiler_destroy(comp);
   if (st) {
     for (size_t i = 0; i < n; i++)
       if (reports[i].status)
         fprintf(stderr, "moejit: %s: %s\n", reports[i].kernel, reports[i].message);
     return n ? CLI_EXIT_FAILURE : cli_fail(st, "compile failed");
   }
-  return CLI_EXIT_OK;
+  return rc;
 }
 
 int cli_run(int argc, char **argv) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/tune_check.h"
 
 static void tune_usage(FILE *f) {
   fprintf(f,
@@ -52,6 +53,14 @@ static void tune_usage(FILE *f) {
           "                        choice (and with --keep-within the table's entry) twice\n"
           "                        more, interleaved, and keep each one's median (default:\n"
           "                        the sweep's timing.runoff, 3; 0: no runoff)\n"
+          "  --check-layer         then run each tuned model's whole layer with the new\n"
+          "                        table and with tables off (graph replay, interleaved)\n"
+          "                        at the sweep's token counts and between each two; where\n"
+          "                        the table's layer is slower in two runs, the table\n"
+          "                        holds the heuristic's plan at that T (a GPU and the\n"
+          "                        table are needed; the sweep's shapes must be presets,\n"
+          "                        or give --model)\n"
+          "  --check-tolerance PCT how much slower counts as slower (default 1)\n"
           "  --json                print the summary as one JSON object (progress: stderr)\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n",
@@ -62,9 +71,9 @@ typedef struct tune_args {
   const char *sweep, *out, *results, *arch;
   const char *models[MOEJIT_TUNE_MAX_MODELS];
   int n_models;
-  int jobs, warmup, iters, json, dry_run, compile_only, no_table;
+  int jobs, warmup, iters, json, dry_run, compile_only, no_table, check_layer;
   int runoff; /* -1: not given */
-  double budget, keep_within;
+  double budget, keep_within, check_tolerance;
 } tune_args;
 
 /* A number in [lo, hi] (above lo when lo_open) for option opt; `what`
@@ -114,6 +123,12 @@ static int parse_args(int argc, char **argv, tune_args *a) {
     } else if (cli_opt_value(argc, argv, &i, "--runoff", &v, &bad)) {
       if (bad || !cli_parse_int("--runoff", v, 0, MOEJIT_TUNE_MAX_RUNOFF, &a->runoff))
         return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--check-tolerance", &v, &bad)) {
+      if (bad || !parse_real("--check-tolerance", v, 0, 0, 100, "a percentage (0 to 100)",
+                             &a->check_tolerance))
+        return CLI_EXIT_USAGE;
+    } else if (cli_flag(argv, i, "--check-layer")) {
+      a->check_layer = 1;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
     } else if (cli_flag(argv, i, "--dry-run")) {
@@ -125,6 +140,12 @@ static int parse_args(int argc, char **argv, tune_args *a) {
     } else if ((rc = cli_positional(argv[i], &a->sweep, "tune"))) {
       return rc;
     }
+  }
+  if (a->check_layer && (a->no_table || a->dry_run || a->compile_only)) {
+    fprintf(stderr,
+            "moejit: --check-layer times the layer with the table this run writes; leave out "
+            "--no-table, --dry-run and --compile-only\n");
+    return CLI_EXIT_USAGE;
   }
   if (!a->sweep) {
     fprintf(stderr,
@@ -296,7 +317,7 @@ static void json_winners(const moejit_tune_summary *s) {
   printf("]");
 }
 
-static void print_json(const moejit_tune_summary *s, moejit_status st) {
+static void print_json(const moejit_tune_summary *s, moejit_status st, const tune_check *check) {
   printf("{\"sweep\":");
   cli_json_str(stdout, s->sweep);
   printf(",\"device\":");
@@ -322,6 +343,10 @@ static void print_json(const moejit_tune_summary *s, moejit_status st) {
   cli_json_str(stdout, s->table_path);
   printf(",\"table_entries\":%zu,\"table_kept\":%zu,", s->table_entries, s->table_kept);
   json_winners(s);
+  if (check) {
+    printf(",\"layer_check\":");
+    tune_check_print_json(check);
+  }
   printf("}\n");
 }
 
@@ -373,7 +398,7 @@ static int use_models(tune_args *a, moejit_sweep *sweep, char *results, size_t c
 }
 
 int cli_tune(int argc, char **argv) {
-  tune_args a = {.runoff = -1};
+  tune_args a = {.runoff = -1, .check_tolerance = 1};
   int rc = parse_args(argc, argv, &a);
   if (rc == -1) return tune_usage(stdout), CLI_EXIT_OK;
   if (rc) return rc;
@@ -407,13 +432,26 @@ int cli_tune(int argc, char **argv) {
   moejit_tune_summary s;
   st = moejit_tune_run(ctx, sweep, &o, &s);
   clear_bar(&p);
+  const int timed = ctx != NULL;
+  moejit_ctx_destroy(ctx); /* the layer check makes its own */
+  tune_check check = {
+      .table = s.table_path, .iters = a.iters ? a.iters : 20, .tolerance_pct = a.check_tolerance};
+  const int checking = !st && a.check_layer && timed && s.table_path[0];
+  if (checking) rc = tune_check_layer(&check, &s, a.models, a.n_models);
   if (a.json)
-    print_json(&s, st);
+    print_json(&s, st, checking ? &check : NULL);
   else
-    print_summary(&s, &a, ctx ? NULL : why);
+    print_summary(&s, &a, timed ? NULL : why);
+  if (checking && !a.json) tune_check_print_text(&check);
+  if (a.check_layer && !timed && !a.json) printf("--check-layer: nothing to check without a GPU\n");
   if (st) rc = cli_fail(st, "tuning failed");
+  if (!rc && check.failed) {
+    fprintf(stderr, "moejit: --check-layer: %s\n",
+            check.error[0] ? check.error : "the layer's check failed (see the table)");
+    rc = CLI_EXIT_FAILURE;
+  }
+  tune_check_free(&check);
   moejit_tune_summary_free(&s);
-  moejit_ctx_destroy(ctx);
   moejit_sweep_destroy(sweep);
   return rc;
 }

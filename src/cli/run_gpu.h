@@ -26,7 +26,26 @@ typedef struct run_args {
   /* --vs-heuristic: a second model, loaded with tuned tables off, checked
    * and timed (graph replay) beside the first */
   int vs_heuristic;
+  /* --tuned-table FILE: the layer is loaded with this tuned table instead
+   * of the device's (moejit_load_opts.tuned_table) */
+  const char *tuned_table;
+  /* Set by `moejit tune --check-layer`: one load (no cold load in a fresh
+   * ctx), nothing printed; each point's times and check go here instead. */
+  struct run_result *result;
 } run_args;
+
+/* One point of a run, for callers that set run_args.result. */
+typedef struct run_point_result {
+  int64_t tokens;
+  int skipped, ok;          /* ok: the float64 check and graph == eager passed */
+  double graph_ms, heur_ms; /* graph replay medians (heur_ms: --vs-heuristic) */
+  char problem[256];
+} run_point_result;
+
+typedef struct run_result {
+  int n;
+  run_point_result points[16];
+} run_result;
 
 /* The H100 80GB HBM3's measured ceilings (dense bf16 cuBLAS GEMM, read-only
  * streaming): the floor's defaults, and the device they were measured on. */

@@ -386,8 +386,14 @@ static moejit_status table_named(const char *device_name, const moejit_load_opts
     mj_strlcpy(why, "tuned tables are disabled (moejit_load_opts.tuned_disable)", cap);
     return MOEJIT_OK;
   }
-  moejit_status st = mj_tuned_table_for_device(device_name, t);
+  if (opts && opts->tuned_table && mj_tuned_disabled()) {
+    mj_strlcpy(why, "tuned tables are disabled ($MOEJIT_TUNED_DISABLE)", cap);
+    return MOEJIT_OK;
+  }
+  moejit_status st = opts && opts->tuned_table ? mj_tuned_table_load_file(opts->tuned_table, t)
+                                               : mj_tuned_table_for_device(device_name, t);
   if (st == MOEJIT_OK) return *have = 1, MOEJIT_OK;
+  if (opts && opts->tuned_table) return mj_fail_prefix(st, "%s: moejit_load_opts.tuned_table", who);
   if (st == MOEJIT_ERR_NOT_FOUND) return mj_strlcpy(why, moejit_last_error(), cap), MOEJIT_OK;
   char msg[1024];
   mj_strlcpy(msg, moejit_last_error(), sizeof msg);
@@ -400,7 +406,7 @@ static moejit_status table_named(const char *device_name, const moejit_load_opts
 static moejit_status find_table(moejit_ctx *ctx, const moejit_load_opts *opts, mj_tuned_table *t,
                                 int *have, char *why, size_t cap) {
   *have = 0;
-  if (opts && opts->tuned_disable)
+  if (opts && (opts->tuned_disable || opts->tuned_table))
     return table_named(NULL, opts, "moejit_model_load", t, have, why, cap);
   moejit_device_info info;
   if (moejit_ctx_device_info(ctx, &info) != MOEJIT_OK) {
@@ -622,7 +628,7 @@ moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec
   memset(&table, 0, sizeof table);
   int have = 0;
   char no_table[512] = "";
-  if (device_name && *device_name)
+  if ((device_name && *device_name) || (opts && opts->tuned_table))
     st = table_named(device_name, opts, "moejit_model_prebuild", &table, &have, no_table,
                      sizeof no_table);
   else

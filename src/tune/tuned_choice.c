@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "ops/gemm.h"
+#include "tune/tune.h"
 #include "tune/tuned_table.h"
 
 moejit_status moejit_tuned_choice(const char *device_name, const moejit_spec *spec, int which,
@@ -35,5 +37,67 @@ moejit_status moejit_tuned_choice(const char *device_name, const moejit_spec *sp
   *path = (int)e->path;
   if (source) *source = match == MJ_TUNED_EXACT ? 1 : 2; /* moejit_config_source */
   mj_tuned_table_free(&t);
+  return MOEJIT_OK;
+}
+
+/* ---- pinning the heuristic -------------------------------------------------- */
+
+static moejit_status pin_args(const char *table_path, const moejit_spec *spec, int which,
+                              int64_t tokens, double us) {
+  const char *op = "moejit_tuned_table_pin_heuristic";
+  if (!table_path || !spec)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: table_path and spec are required", op);
+  if ((which != 1 && which != 2) || tokens < 1 || !(us >= 0) || us > 1e300)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: which = %d (allowed 1 or 2), tokens = %lld (allowed >= 1), us = %g "
+                   "(allowed a time >= 0)",
+                   op, which, (long long)tokens, us);
+  moejit_status st = moejit_spec_validate(spec);
+  if (st) return mj_fail_prefix(MOEJIT_ERR_INVALID_ARGUMENT, "%s: spec", op);
+  const int ok_dtype = spec->act_dtype == MOEJIT_DTYPE_BF16 || spec->act_dtype == MOEJIT_DTYPE_FP16;
+  if (!ok_dtype || spec->weight_dtype != spec->act_dtype)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: spec '%s' runs act %s with weight %s; tuned tables hold bf16 or fp16 "
+                   "for both",
+                   op, spec->name, moejit_dtype_name(spec->act_dtype),
+                   moejit_dtype_name(spec->weight_dtype));
+  return MOEJIT_OK;
+}
+
+moejit_status moejit_tuned_table_pin_heuristic(const char *table_path, const moejit_spec *spec,
+                                               int which, int64_t tokens, double us,
+                                               moejit_gemm_cfg *cfg, int *path, int *changed) {
+  const char *op = "moejit_tuned_table_pin_heuristic";
+  moejit_status st = pin_args(table_path, spec, which, tokens, us);
+  if (st) return st;
+  mj_tuned_table t = {0};
+  if ((st = mj_tuned_table_load_file(table_path, &t))) return mj_fail_prefix(st, "%s", op);
+  moejit_spec base = *spec;
+  base.n_archs = 1;
+  mj_strlcpy(base.archs[0], t.arch, sizeof base.archs[0]);
+  mj_tuned_entry e;
+  memset(&e, 0, sizeof e);
+  mj_strlcpy(e.kernel, which == 1 ? "gemm1" : "gemm2", sizeof e.kernel);
+  e.dtype = spec->act_dtype;
+  e.hidden = spec->hidden, e.expert_width = spec->expert_width;
+  e.experts = spec->experts, e.top_k = spec->top_k, e.tokens = tokens;
+  e.us = e.heuristic_us = us;
+  if (!mj_tune_heuristic_tile(&base, which, tokens * spec->top_k, t.arch, &e.cfg, &e.path)) {
+    st = mj_fail(MOEJIT_ERR_NOT_FOUND,
+                 "%s: the heuristic runs %s's gemm%d at T=%lld on the SIMT kernel (%s), which a "
+                 "tuned table cannot name",
+                 op, spec->name, which, (long long)tokens, t.arch);
+    mj_tuned_table_free(&t);
+    return st;
+  }
+  const mj_tuned_entry *old = mj_tuned_table_find(&t, &e);
+  const int same = old && old->path == e.path && mj_gemm_cfg_equal(&old->cfg, &e.cfg);
+  if (!same && !(st = mj_tuned_table_put(&t, &e)) && (st = mj_tuned_table_write(&t, table_path)))
+    st = mj_fail_prefix(st, "%s", op);
+  mj_tuned_table_free(&t);
+  if (st) return st;
+  if (cfg) *cfg = e.cfg;
+  if (path) *path = (int)e.path;
+  if (changed) *changed = !same;
   return MOEJIT_OK;
 }

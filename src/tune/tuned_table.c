@@ -144,8 +144,10 @@ static int entry_problem(const mj_tuned_entry *e, int *key, char *why, size_t ca
     return *key = EK_PATH,
            out_of(why, cap, "value %d is not a tuned path (allowed mma, wgmma, gemv)",
                   (int)e->path);
-  if (!isfinite(e->us) || e->us <= 0)
-    return *key = EK_US, out_of(why, cap, "%g is out of range (allowed a time > 0)", e->us);
+  if (!isfinite(e->us) || e->us < 0)
+    return *key = EK_US,
+           out_of(why, cap, "%g is out of range (allowed a time > 0, or 0: not timed alone)",
+                  e->us);
   if (!isfinite(e->heuristic_us) || e->heuristic_us < 0)
     return *key = EK_HEURISTIC_US,
            out_of(why, cap, "%g is out of range (allowed a time > 0, or 0: unknown)",

@@ -96,9 +96,11 @@ Test(cli_run, usage_errors_exit_2) {
   const char *bad_flush[] = {"run", "--flush", "cold", NULL};
   const char *flush_ep[] = {"run", "--flush", "plain", "--ep", "2", NULL};
   const char *vs_ep[] = {"run", "--vs-heuristic", "--ep", "2", NULL};
-  const char *const *cases[] = {bad_tokens,   zero_tokens, bad_iters,    unknown,
-                                two_configs,  one_ceiling, zero_ceiling, bad_ceiling,
-                                huge_ceiling, bad_flush,   flush_ep,     vs_ep};
+  const char *table_ep[] = {"run", "--tuned-table", "t.yaml", "--ep", "2", NULL};
+  const char *table_none[] = {"run", "--tuned-table", NULL};
+  const char *const *cases[] = {bad_tokens,  zero_tokens,  bad_iters,   unknown,      two_configs,
+                                one_ceiling, zero_ceiling, bad_ceiling, huge_ceiling, bad_flush,
+                                flush_ep,    vs_ep,        table_ep,    table_none};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);
@@ -112,6 +114,39 @@ Test(cli_run, usage_errors_exit_2) {
           "the message names the option and its value (or the clash): %s", err);
     free(err);
   }
+}
+
+/* --tuned-table without a GPU: the table is read as a load would read it,
+ * so a missing or malformed one fails with its path and position, after
+ * the families compiled (exit 1 for a file that cannot be read, 2 for one
+ * that does not parse). */
+Test(cli_run, tuned_table_is_checked_without_a_gpu) {
+  char *dir = ts_mkdtemp("cli-run-table");
+  char *missing = NULL, *bad = NULL;
+  cr_assert(asprintf(&missing, "%s/none.yaml", dir) > 0 && asprintf(&bad, "%s/bad.yaml", dir) > 0);
+  FILE *f = fopen(bad, "w");
+  cr_assert(f);
+  fputs(
+      "device: X\narch: sm_90a\nnvrtc: \"13.0\"\ndriver: 13000\ndate: 2026-11-27\n"
+      "entries:\n  - {kernel: gemm3}\n",
+      f);
+  fclose(f);
+  char *out = NULL, *err = NULL;
+  const char *a1[] = {"run", "--preset",      "olmoe-1b-7b", "--cache-dir",
+                      dir,   "--tuned-table", missing,       NULL};
+  int rc = run_cli(a1, &out, &err);
+  cr_expect_eq(rc, 1, "exit %d: %s", rc, err);
+  cr_expect(strstr(out, "no GPU") != NULL, "the families compile first: %s", out);
+  cr_expect(strstr(err, "--tuned-table") && strstr(err, "none.yaml"), "stderr: %s", err);
+  free(out), free(err);
+  const char *a2[] = {"run", "--preset",      "olmoe-1b-7b", "--cache-dir",
+                      dir,   "--tuned-table", bad,           NULL};
+  rc = run_cli(a2, &out, &err);
+  cr_expect_eq(rc, 2, "exit %d: %s", rc, err);
+  cr_expect(strstr(err, "bad.yaml:7:") && strstr(err, "missing key"), "file:line and why: %s", err);
+  free(out), free(err);
+  ts_rmtree(dir);
+  free(dir), free(missing), free(bad);
 }
 
 Test(cli_run, help_and_listing) {

@@ -149,6 +149,7 @@ Test(cli_tune, options) {
   cr_assert(strstr(out, "--keep-within PCT"), "%s", out);
   cr_assert(strstr(out, "--runoff N"), "%s", out);
   cr_assert(strstr(out, "--model CONFIG"), "%s", out);
+  cr_assert(strstr(out, "--check-layer") && strstr(out, "--check-tolerance PCT"), "%s", out);
   free(out);
   cr_assert_eq(ts_run_cli((const char *const[]){"tune", NULL}, no_gpu_env, NULL, &err), 2);
   cr_assert(strstr(err, "needs a SWEEP"), "%s", err);
@@ -165,6 +166,15 @@ Test(cli_tune, options) {
   free(err);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--runoff", "-1"), 2);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--iters", "0"), 2);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-layer", "--no-table"), 2);
+  cr_assert(strstr(err, "--check-layer") && strstr(err, "--no-table"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-layer", "--dry-run"), 2);
+  cr_assert(strstr(err, "--check-layer"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-tolerance", "-2"), 2);
+  cr_assert(strstr(err, "--check-tolerance: '-2' is not a percentage"), "%s", err);
+  free(err);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--frob"), 2);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, SMOKE), 2, "one SWEEP");
   cr_assert_eq(ts_run_cli((const char *const[]){"--help", NULL}, NULL, &out, NULL), 0);

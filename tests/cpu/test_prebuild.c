@@ -163,6 +163,43 @@ Test(prebuild, tuned_tiles_once_then_every_call_is_all_hits) {
   }
   cr_expect_leq(heuristic_files, files + 2, "at most a new gemm1 and gemm2 module");
   cr_expect_gt(heuristic_files, files, "gemm2's own tile, built now");
+
+  /* opts.tuned_table: that file instead of the device's, whichever device
+   * is named (here none, and one without a table): the tuned kernels
+   * again, all hits; tables off (the option or the variable) still wins */
+  char file[256], *path = NULL;
+  mj_tuned_file_name(kDevice, file, sizeof file);
+  cr_assert(asprintf(&path, "%s/%s", tables, file) > 0);
+  static const char *const devices[] = {NULL, "Another GPU"};
+  moejit_load_opts opts;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(devices); i++) {
+    moejit_load_opts_init(&opts);
+    opts.report = &r, opts.tuned_table = path;
+    OK(moejit_model_prebuild(c, &s, "sm_90a", devices[i], &opts));
+    g1 = row(&r, "gemm1");
+    cr_expect_str_eq(g1->config_source, "tuned", "device %s", devices[i]);
+    cr_expect_str_eq(g1->config, "3 buckets, T=1..256");
+    cr_expect(strstr(g1->config_detail, path), "names the file: %s", g1->config_detail);
+    cr_expect_eq(r.cache_misses, 0, "device %s", devices[i]);
+    cr_expect_eq(ts_count_files(cache, ".mjc"), heuristic_files);
+  }
+  opts.tuned_disable = 1;
+  OK(moejit_model_prebuild(c, &s, "sm_90a", NULL, &opts));
+  cr_expect_str_eq(row(&r, "gemm1")->config_source, "heuristic");
+  opts.tuned_disable = 0;
+  setenv("MOEJIT_TUNED_DISABLE", "1", 1);
+  OK(moejit_model_prebuild(c, &s, "sm_90a", NULL, &opts));
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  cr_expect_str_eq(row(&r, "gemm1")->config_source, "heuristic");
+  cr_expect(strstr(row(&r, "gemm1")->config_detail, "MOEJIT_TUNED_DISABLE"), "%s",
+            row(&r, "gemm1")->config_detail);
+  free(path);
+  cr_assert(asprintf(&path, "%s/none.yaml", tmp) > 0);
+  opts.tuned_table = path;
+  cr_expect_eq(moejit_model_prebuild(c, &s, "sm_90a", kDevice, &opts), MOEJIT_ERR_IO);
+  cr_expect(strstr(moejit_last_error(), "tuned_table") && strstr(moejit_last_error(), path), "%s",
+            moejit_last_error());
+  free(path);
   moejit_compiler_destroy(c);
 }
 

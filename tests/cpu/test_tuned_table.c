@@ -3,7 +3,8 @@
  * of fresh random tables, errors with file:line:col for every malformed or
  * out-of-range field, the nearest-bucket rule against a brute force, the
  * table of a device from $MOEJIT_TUNED_DIR and the embedded list,
- * $MOEJIT_TUNED_DISABLE, and what a load keeps and reports. */
+ * $MOEJIT_TUNED_DISABLE, what a load keeps and reports, and pinning the
+ * heuristic at one T (moejit_tuned_table_pin_heuristic). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +16,8 @@
 #include "ops/ops.h"
 #include "test_support.h"
 #include "tuned_support.h"
+#include "ops/gemm.h"
+#include "tune/tune.h"
 #include "tune/tuned_table.h"
 
 #define OK(call) cr_assert_eq((call), MOEJIT_OK, "%s: %s", #call, moejit_last_error())
@@ -403,7 +406,6 @@ Test(tuned_table, out_of_range_values_name_their_position) {
   expect_value_error("path", "auto", "allowed mma, wgmma, gemv");
   expect_value_error("path", "simt", "allowed mma, wgmma, gemv");
   expect_value_error("us", "-1", "out of range");
-  expect_value_error("us", "0", "out of range");
   expect_value_error("us", "nan", "a decimal number");
   expect_value_error("hidden", "\"2048\"", "expected an integer");
   expect_value_error("hidden", "0x800", "decimal integer");
@@ -1110,6 +1112,131 @@ Test(tuned_device, public_choice_exact_nearest_and_not_found) {
                MOEJIT_ERR_INVALID_ARGUMENT);
   unsetenv("MOEJIT_TUNED_DIR");
   free(path);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* ---- moejit_tuned_table_pin_heuristic ----------------------------------- */
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  cr_assert(f, "%s", path);
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  return strdup(buf);
+}
+
+static mj_tuned_entry pin_key(const moejit_spec *s, const char *kernel, int64_t tokens) {
+  return ts_tuned_entry(s, kernel, tokens, s->gemm1, MOEJIT_GEMM_PATH_WGMMA);
+}
+
+/* A pin writes what AUTO runs at that T on the table's arch (replacing the
+ * bucket's entry or adding one), leaves every other entry and, where the
+ * entry already holds that plan, the file as it was; bad arguments and
+ * tables fail with the file untouched. */
+Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
+  char *dir = ts_mkdtemp("pin");
+  moejit_spec s;
+  OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, "Pin Test GPU", sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  const moejit_gemm_cfg odd = ts_tile(128, 128, 64, 4, 8);
+  const mj_tuned_entry es[] = {ts_tuned_entry(&s, "gemm1", 32, odd, MOEJIT_GEMM_PATH_WGMMA),
+                               ts_tuned_entry(&s, "gemm2", 32, odd, MOEJIT_GEMM_PATH_WGMMA),
+                               ts_tuned_entry(&s, "gemm1", 2048, odd, MOEJIT_GEMM_PATH_MMA)};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(es); i++) OK(mj_tuned_table_put(&t, &es[i]));
+  char *path = ts_write_file(dir, "t.yaml", "");
+  OK(mj_tuned_table_write(&t, path));
+  mj_tuned_table_free(&t);
+
+  moejit_spec base = s;
+  base.n_archs = 1;
+  mj_strlcpy(base.archs[0], "sm_90a", sizeof base.archs[0]);
+  moejit_gemm_cfg want, got;
+  moejit_gemm_path want_path;
+  int got_path = -1, changed = -1;
+  cr_assert(mj_tune_heuristic_tile(&base, 1, 32 * s.top_k, "sm_90a", &want, &want_path));
+  OK(moejit_tuned_table_pin_heuristic(path, &s, 1, 32, 12.5, &got, &got_path, &changed));
+  cr_expect_eq(changed, 1);
+  cr_expect(mj_gemm_cfg_equal(&got, &want) && got_path == (int)want_path);
+  cr_expect(!mj_gemm_cfg_equal(&want, &odd), "the test needs a pin that changes the tile");
+  OK(mj_tuned_table_load_file(path, &t));
+  cr_expect_eq(t.n, 3, "replaced, not added");
+  mj_tuned_entry key = pin_key(&s, "gemm1", 32);
+  const mj_tuned_entry *e = mj_tuned_table_find(&t, &key);
+  cr_assert(e);
+  cr_expect(mj_gemm_cfg_equal(&e->cfg, &want) && e->path == want_path);
+  cr_expect(e->us == 12.5 && e->heuristic_us == 12.5);
+  for (size_t i = 1; i < MJ_ARRAY_LEN(es); i++) {
+    const mj_tuned_entry *o = mj_tuned_table_find(&t, &es[i]);
+    cr_expect(o && mj_gemm_cfg_equal(&o->cfg, &odd) && o->path == es[i].path, "entry %zu kept", i);
+  }
+  mj_tuned_table_free(&t);
+
+  /* the same pin again: nothing to change, the file's bytes stay */
+  char *before = slurp(path);
+  OK(moejit_tuned_table_pin_heuristic(path, &s, 1, 32, 99, NULL, NULL, &changed));
+  cr_expect_eq(changed, 0);
+  char *after = slurp(path);
+  cr_expect_str_eq(after, before);
+  free(after);
+
+  /* a T between buckets: an entry added, its time unknown (0); T = 1: GEMV */
+  OK(moejit_tuned_table_pin_heuristic(path, &s, 2, 4096, 0, NULL, &got_path, &changed));
+  cr_expect_eq(changed, 1);
+  OK(moejit_tuned_table_pin_heuristic(path, &s, 2, 1, 0, NULL, &got_path, &changed));
+  cr_expect_eq(got_path, (int)MOEJIT_GEMM_PATH_GEMV);
+  OK(mj_tuned_table_load_file(path, &t));
+  cr_expect_eq(t.n, 5);
+  mj_tuned_match match;
+  const mj_tuned_entry *at = mj_tuned_lookup(&t, "gemm2", &s, 4096, &match);
+  cr_expect(at && match == MJ_TUNED_EXACT && at->us == 0 && at->heuristic_us == 0);
+  at = mj_tuned_lookup(&t, "gemm2", &s, 3000, &match);
+  cr_expect(at && at->tokens == 4096, "the pin serves the T near it");
+  mj_tuned_table_free(&t);
+
+  /* refusals: the file as it was */
+  free(before);
+  before = slurp(path);
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(path, &s, 3, 32, 0, NULL, NULL, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "which = 3"), "%s", moejit_last_error());
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(path, &s, 1, 0, 0, NULL, NULL, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(path, &s, 1, 8, -1, NULL, NULL, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(path, &s, 1, 8, NAN, NULL, NULL, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(NULL, &s, 1, 8, 0, NULL, NULL, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  moejit_spec f32 = s;
+  f32.act_dtype = f32.weight_dtype = MOEJIT_DTYPE_FP32;
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(path, &f32, 1, 8, 0, NULL, NULL, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "fp32"), "%s", moejit_last_error());
+  moejit_spec broken = s;
+  broken.top_k = 0;
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(path, &broken, 1, 8, 0, NULL, NULL, NULL),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  after = slurp(path);
+  cr_expect_str_eq(after, before);
+  free(after);
+  char *missing = NULL;
+  cr_assert(asprintf(&missing, "%s/none.yaml", dir) > 0);
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(missing, &s, 1, 8, 0, NULL, NULL, NULL),
+               MOEJIT_ERR_IO);
+  cr_expect(strstr(moejit_last_error(), "none.yaml"), "%s", moejit_last_error());
+  char *bad = ts_write_file(dir, "bad.yaml", "device: X\nentries: [1, 2\n");
+  cr_expect_eq(moejit_tuned_table_pin_heuristic(bad, &s, 1, 8, 0, NULL, NULL, NULL),
+               MOEJIT_ERR_CONFIG);
+  after = slurp(bad);
+  cr_expect_str_eq(after, "device: X\nentries: [1, 2\n");
+  free(after);
+  free(before), free(missing), free(bad), free(path);
   ts_rmtree(dir);
   free(dir);
 }

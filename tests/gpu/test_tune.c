@@ -11,6 +11,7 @@
 
 #include "common/common.h"
 #include "moejit/moejit.h"
+#include "ops/gemm.h"
 #include "ref_gemm.h"
 #include "test_support.h"
 #include "tune/tune.h"
@@ -256,6 +257,105 @@ Test(tune_gpu, budget_and_resume, .timeout = 600) {
   moejit_tune_summary_free(&rest);
   moejit_sweep_destroy(sw);
   moejit_ctx_destroy(ctx);
+  ts_rmtree(tmp);
+  free(tmp);
+}
+
+/* The number after "key": in the object text [p, end), or -1. */
+static double json_num(const char *p, const char *end, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *at = strstr(p, k);
+  return at && at < end ? strtod(at + strlen(k), NULL) : -1;
+}
+
+static int json_true(const char *p, const char *end, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":true", key);
+  const char *at = strstr(p, k);
+  return at && at < end;
+}
+
+/* `moejit tune --check-layer` on the smoke sweep tuning a model of its
+ * shape: every point of the check (the sweep's three token counts and one
+ * between each two) is timed both ways and passes the layer's float64
+ * check; with no tolerance, noise alone makes some points slower, and
+ * wherever the check says it pinned, the table holds the heuristic's plan
+ * at that T, with us 0 between buckets. Then `moejit run --tuned-table`
+ * loads that table. */
+Test(tune_gpu, check_layer_times_both_ways_and_pins_the_heuristic, .timeout = 600) {
+  moejit_ctx *ctx = ctx_or_skip();
+  moejit_device_info info;
+  cr_assert_eq(moejit_ctx_device_info(ctx, &info), MOEJIT_OK);
+  moejit_ctx_destroy(ctx);
+  char *tmp = ts_mkdtemp("tune-gpu-check"), results[1024], table[1024];
+  snprintf(results, sizeof results, "%s/results", tmp);
+  snprintf(table, sizeof table, "%s/table.yaml", tmp);
+  char *cfg = ts_write_file(tmp, "tiny.yaml",
+                            "name: tiny-check\n"
+                            "model: {hidden: 512, expert_width: 256, experts: 8, top_k: 2,\n"
+                            "        routing: {rule: softmax_topk, renormalize: true}}\n"
+                            "dtypes: {activation: bf16, weight: bf16, logits: fp32, output: bf16}\n"
+                            "target: {arch: auto}\n");
+  const char *args[] = {
+      "tune",  SMOKE,           "--model",           cfg, "--out",   table, "--results",
+      results, "--check-layer", "--check-tolerance", "0", "--iters", "5",   "--json",
+      NULL};
+  char *out = NULL, *err = NULL;
+  int rc = ts_run_cli(args, NULL, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
+  cr_assert(ts_json_valid(out), "not one JSON value: %s", out);
+  const char *lc = strstr(out, "\"layer_check\":{");
+  cr_assert(lc, "json: %s", out);
+  cr_expect(strstr(lc, "\"failed\":false"), "json: %s", lc);
+  cr_expect_eq(ts_count_substr(lc, "\"bucket\":true"), 3, "json: %s", lc);
+  cr_expect_eq(ts_count_substr(lc, "\"bucket\":false"), 2, "16 and 181: %s", lc);
+  moejit_spec spec;
+  cr_assert_eq(moejit_spec_load_file(cfg, &spec), MOEJIT_OK, "%s", moejit_last_error());
+  spec.n_archs = 1;
+  mj_strlcpy(spec.archs[0], info.arch, sizeof spec.archs[0]);
+  mj_tuned_table t;
+  cr_assert_eq(mj_tuned_table_load_file(table, &t), MOEJIT_OK, "%s", moejit_last_error());
+  int pins = 0;
+  for (const char *p = strstr(lc, "{\"tokens\":"); p; p = strstr(p + 1, "{\"tokens\":")) {
+    const char *end = strchr(p, '}');
+    cr_assert(end);
+    const int64_t tokens = (int64_t)json_num(p, end, "tokens");
+    cr_expect_gt(json_num(p, end, "tuned_ms"), 0, "T=%lld", (long long)tokens);
+    cr_expect_gt(json_num(p, end, "heuristic_ms"), 0, "T=%lld", (long long)tokens);
+    const int bucket = json_true(p, end, "bucket");
+    for (int which = 1; which <= 2; which++) {
+      if (!json_true(p, end, which == 1 ? "pinned_gemm1" : "pinned_gemm2")) continue;
+      pins++;
+      cr_expect_gt(json_num(p, end, "final_tuned_ms"), 0);
+      mj_tuned_entry key = {.dtype = spec.act_dtype,
+                            .hidden = spec.hidden,
+                            .expert_width = spec.expert_width,
+                            .experts = spec.experts,
+                            .top_k = spec.top_k,
+                            .tokens = tokens};
+      snprintf(key.kernel, sizeof key.kernel, "gemm%d", which);
+      const mj_tuned_entry *e = mj_tuned_table_find(&t, &key);
+      cr_assert(e, "a pinned entry at T=%lld gemm%d", (long long)tokens, which);
+      moejit_gemm_cfg want;
+      moejit_gemm_path want_path;
+      cr_assert(
+          mj_tune_heuristic_tile(&spec, which, tokens * spec.top_k, info.arch, &want, &want_path));
+      cr_expect(e->path == want_path && mj_gemm_cfg_equal(&e->cfg, &want),
+                "T=%lld gemm%d holds the heuristic's plan", (long long)tokens, which);
+      if (!bucket) cr_expect_eq(e->us, 0, "not timed alone");
+    }
+  }
+  mj_tuned_table_free(&t);
+  cr_log_info("--check-layer pinned %d entries", pins);
+  free(out), free(err);
+
+  const char *run[] = {"run",      cfg,      "--tuned-table", table, "--vs-heuristic",
+                       "--tokens", "16,300", "--iters",       "2",   NULL};
+  rc = ts_run_cli(run, NULL, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
+  cr_expect(strstr(out, table) && strstr(out, "vs heur"), "stdout: %s", out);
+  free(out), free(err), free(cfg);
   ts_rmtree(tmp);
   free(tmp);
 }

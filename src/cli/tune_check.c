@@ -1,0 +1,292 @@
+/* `moejit tune --check-layer`: the tuner times each GEMM alone, but the
+ * layer runs them after routing and align, with L2 holding what those left
+ * and GEMM 1 gathering x rows, and a pick that wins alone can lose there;
+ * the table's nearest bucket also serves token counts nobody timed. So
+ * each model's layer runs with the new table and with tables off at the
+ * sweep's token counts and between each two, and where the table's is the
+ * slower by more than the tolerance in two runs, the heuristic's plan is
+ * pinned in the table at that T. See tune_check.h and docs/tune.md. */
+#include "cli/tune_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/run_gpu.h"
+
+static const char *const kKept = "kept";
+static const char *const kAgain = "slower: run again";
+static const char *const kNoise = "kept: faster in the second run";
+static const char *const kPinned = "pinned to the heuristic";
+static const char *const kSame = "slower, but it runs the heuristic's plans already";
+static const char *const kFailed = "check failed";
+
+static int cmp_i64(const void *x, const void *y) {
+  int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* The sweep's token counts for `shape` (its winners'), ascending, and one
+ * point between each two (their geometric mean), where the table's nearest
+ * bucket serves a T it was not timed at. */
+static void plan_points(check_shape *sh, const moejit_tune_summary *s) {
+  int64_t t[CHECK_MAX_POINTS / 2];
+  int n = 0;
+  for (size_t i = 0; i < s->n_winners && n < CHECK_MAX_POINTS / 2; i++) {
+    const moejit_tune_winner *w = &s->winners[i];
+    int seen = strcmp(w->shape, sh->name) != 0;
+    for (int j = 0; j < n && !seen; j++) seen = t[j] == w->tokens;
+    if (!seen) t[n++] = w->tokens;
+  }
+  qsort(t, (size_t)n, sizeof t[0], cmp_i64);
+  sh->n = 0;
+  for (int i = 0; i < n; i++) {
+    check_point *p = &sh->p[sh->n++];
+    memset(p, 0, sizeof *p);
+    p->tokens = t[i], p->bucket = 1, p->action = kKept;
+    if (i + 1 == n) break;
+    const int64_t m = llround(sqrt((double)t[i] * (double)t[i + 1]));
+    if (m <= t[i] || m >= t[i + 1]) continue;
+    p = &sh->p[sh->n++];
+    memset(p, 0, sizeof *p);
+    p->tokens = m, p->action = kKept;
+  }
+}
+
+typedef enum { RUN_FIRST, RUN_AGAIN, RUN_FINAL } run_kind;
+
+static int wanted(const check_point *p, run_kind k) {
+  if (k == RUN_FIRST) return 1;
+  if (p->problem[0]) return 0;
+  return k == RUN_AGAIN ? p->action == kAgain : p->pinned[0] || p->pinned[1];
+}
+
+/* Runs the layer (the table's and tables off, interleaved) at the points
+ * `k` wants, 16 at a time, and files each point's medians. */
+static int run_layer(tune_check *c, check_shape *sh, run_kind k) {
+  int idx[CHECK_MAX_POINTS], n = 0;
+  for (int i = 0; i < sh->n; i++)
+    if (wanted(&sh->p[i], k)) idx[n++] = i;
+  moejit_spec spec;
+  int rc = n ? cli_load_spec(sh->config, NULL, &spec) : 0;
+  for (int first = 0; first < n && !rc; first += 16) {
+    run_result res;
+    memset(&res, 0, sizeof res);
+    run_args a = {.config = sh->config,
+                  .iters = c->iters,
+                  .ep_rank = -1,
+                  .ep_device = -1,
+                  .ceil_tflops = RUN_CEIL_TFLOPS,
+                  .ceil_tbps = RUN_CEIL_TBPS,
+                  .vs_heuristic = 1,
+                  .tuned_table = c->table,
+                  .result = &res};
+    for (int j = first; j < n && j < first + 16; j++) a.tokens[a.n_tokens++] = sh->p[idx[j]].tokens;
+    if ((rc = run_on_gpu(&a, &spec))) break;
+    for (int j = 0; j < res.n; j++) {
+      check_point *p = &sh->p[idx[first + j]];
+      const run_point_result *r = &res.points[j];
+      if (r->skipped) {
+        snprintf(p->problem, sizeof p->problem, "skipped: its buffers do not fit the GPU");
+      } else if (!r->ok) {
+        snprintf(p->problem, sizeof p->problem, "%s", r->problem);
+        c->failed = 1;
+      }
+      if (p->problem[0]) {
+        p->action = kFailed;
+        continue;
+      }
+      double *tuned = k == RUN_FIRST   ? &p->tuned_ms
+                      : k == RUN_AGAIN ? &p->again_tuned_ms
+                                       : &p->final_tuned_ms;
+      double *heur = k == RUN_FIRST   ? &p->heur_ms
+                     : k == RUN_AGAIN ? &p->again_heur_ms
+                                      : &p->final_heur_ms;
+      *tuned = r->graph_ms, *heur = r->heur_ms;
+    }
+  }
+  return rc;
+}
+
+static int slower(const tune_check *c, double tuned, double heur) {
+  return tuned > heur * (1 + c->tolerance_pct / 100);
+}
+
+/* The GEMM's time alone under the heuristic at T, where the sweep timed
+ * it (the pinned entry's us), else 0. */
+static double heuristic_us(const moejit_tune_summary *s, const char *shape, int which, int64_t t) {
+  for (size_t i = 0; i < s->n_winners; i++) {
+    const moejit_tune_winner *w = &s->winners[i];
+    if (!strcmp(w->shape, shape) && w->tokens == t && w->kernel[4] - '0' == which)
+      return w->heuristic_us;
+  }
+  return 0;
+}
+
+/* Pins both GEMMs at each point slower in both runs; 0 or an exit code. */
+static int pin_losers(tune_check *c, check_shape *sh, const moejit_tune_summary *s) {
+  moejit_spec spec;
+  int rc = cli_load_spec(sh->config, NULL, &spec);
+  for (int i = 0; i < sh->n && !rc; i++) {
+    check_point *p = &sh->p[i];
+    if (p->action != kAgain || p->problem[0]) continue;
+    if (!slower(c, p->again_tuned_ms, p->again_heur_ms)) {
+      p->action = kNoise;
+      continue;
+    }
+    p->action = kPinned;
+    for (int which = 1; which <= 2; which++) {
+      moejit_status st = moejit_tuned_table_pin_heuristic(
+          c->table, &spec, which, p->tokens, heuristic_us(s, sh->name, which, p->tokens), NULL,
+          NULL, &p->pinned[which - 1]);
+      if (st) {
+        snprintf(c->error, sizeof c->error, "pinning %s gemm%d at T=%lld: %s", sh->name, which,
+                 (long long)p->tokens, moejit_last_error());
+        c->failed = 1;
+        return cli_fail(st, "--check-layer");
+      }
+    }
+    if (!p->pinned[0] && !p->pinned[1]) p->action = kSame;
+  }
+  return rc;
+}
+
+static int check_shape_layer(tune_check *c, check_shape *sh, const moejit_tune_summary *s) {
+  plan_points(sh, s);
+  if (!sh->n) {
+    snprintf(sh->skipped, sizeof sh->skipped, "no winners in this run");
+    return 0;
+  }
+  int rc = run_layer(c, sh, RUN_FIRST);
+  for (int i = 0; i < sh->n && !rc; i++) /* marked for the confirming run */
+    if (!sh->p[i].problem[0] && slower(c, sh->p[i].tuned_ms, sh->p[i].heur_ms))
+      sh->p[i].action = kAgain;
+  if (!rc) rc = run_layer(c, sh, RUN_AGAIN);
+  if (!rc) rc = pin_losers(c, sh, s);
+  if (!rc) rc = run_layer(c, sh, RUN_FINAL);
+  return rc;
+}
+
+/* The shape named `name`, added when new (*added 1). */
+static check_shape *add_shape(tune_check *c, const char *name, const char *config, int *added) {
+  *added = 0;
+  for (int i = 0; i < c->n_shapes; i++)
+    if (!strcmp(c->shapes[i].name, name)) return &c->shapes[i];
+  *added = 1;
+  check_shape *sh = &c->shapes[c->n_shapes++];
+  memset(sh, 0, sizeof *sh);
+  snprintf(sh->name, sizeof sh->name, "%s", name);
+  sh->config = config;
+  return sh;
+}
+
+int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const char *const *configs,
+                     int n_configs) {
+  const size_t cap = n_configs ? (size_t)n_configs : s->n_winners;
+  c->shapes = calloc(cap ? cap : 1, sizeof *c->shapes);
+  if (!c->shapes) return cli_fail(MOEJIT_ERR_OUT_OF_MEMORY, "--check-layer");
+  for (int i = 0; i < n_configs; i++) {
+    moejit_spec spec;
+    int added, rc = cli_load_spec(configs[i], NULL, &spec);
+    if (rc) return rc;
+    add_shape(c, spec.name, configs[i], &added);
+  }
+  for (size_t i = 0; !n_configs && i < s->n_winners; i++) {
+    const char *name = s->winners[i].shape;
+    moejit_spec spec;
+    int added;
+    check_shape *sh = add_shape(c, name, name, &added);
+    if (added && moejit_spec_load_preset(name, &spec) != MOEJIT_OK)
+      snprintf(sh->skipped, sizeof sh->skipped,
+               "not a preset: give its config with --model to check its layer");
+  }
+  for (int i = 0; i < c->n_shapes; i++) {
+    check_shape *sh = &c->shapes[i];
+    if (sh->skipped[0]) continue;
+    fprintf(stderr, "layer check: %s\n", sh->name);
+    int rc = check_shape_layer(c, sh, s);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static double ratio(double heur, double tuned) {
+  return tuned > 0 ? heur / tuned : 0;
+}
+
+void tune_check_print_text(const tune_check *c) {
+  printf(
+      "\nlayer check (moejit run --tuned-table %s --vs-heuristic, graph replay from a cold L2, "
+      "median of %d, interleaved; tolerance %g%%):\n",
+      c->table, c->iters, c->tolerance_pct);
+  printf("%-16s %7s %-7s %9s %9s %8s  %s\n", "shape", "T", "point", "tuned ms", "heur ms",
+         "vs heur", "action");
+  for (int i = 0; i < c->n_shapes; i++) {
+    const check_shape *sh = &c->shapes[i];
+    if (sh->skipped[0]) {
+      printf("%-16s skipped: %s\n", sh->name, sh->skipped);
+      continue;
+    }
+    for (int j = 0; j < sh->n; j++) {
+      const check_point *p = &sh->p[j];
+      printf("%-16s %7lld %-7s %9.4f %9.4f %7.3fx  %s", sh->name, (long long)p->tokens,
+             p->bucket ? "bucket" : "between", p->tuned_ms, p->heur_ms,
+             ratio(p->heur_ms, p->tuned_ms), p->action);
+      if (p->again_tuned_ms > 0)
+        printf(" (again %.3fx)", ratio(p->again_heur_ms, p->again_tuned_ms));
+      if (p->pinned[0] || p->pinned[1])
+        printf(": gemm%s; now %.4f / %.4f ms, %.3fx",
+               p->pinned[0] && p->pinned[1] ? "1 and gemm2"
+               : p->pinned[0]               ? "1"
+                                            : "2",
+               p->final_tuned_ms, p->final_heur_ms, ratio(p->final_heur_ms, p->final_tuned_ms));
+      if (p->problem[0]) printf(": %s", p->problem);
+      printf("\n");
+    }
+  }
+  printf(
+      "vs heur = tables-off ms / tuned ms (below 1: the table's choice ran the layer slower). "
+      "A point slower by more than the tolerance is run again; slower again, the table holds "
+      "the heuristic's plan there for both GEMMs (us 0 where the GEMM was not timed alone).\n");
+}
+
+void tune_check_print_json(const tune_check *c) {
+  printf("{\"table\":");
+  cli_json_str(stdout, c->table);
+  printf(",\"iters\":%d,\"tolerance_pct\":%g,\"failed\":%s,\"shapes\":[", c->iters,
+         c->tolerance_pct, c->failed ? "true" : "false");
+  for (int i = 0; i < c->n_shapes; i++) {
+    const check_shape *sh = &c->shapes[i];
+    printf("%s{\"shape\":", i ? "," : "");
+    cli_json_str(stdout, sh->name);
+    printf(",\"skipped\":");
+    cli_json_str(stdout, sh->skipped);
+    printf(",\"points\":[");
+    for (int j = 0; j < sh->n; j++) {
+      const check_point *p = &sh->p[j];
+      printf(
+          "%s{\"tokens\":%lld,\"bucket\":%s,\"tuned_ms\":%.6f,\"heuristic_ms\":%.6f,"
+          "\"again_tuned_ms\":%.6f,\"again_heuristic_ms\":%.6f,\"pinned_gemm1\":%s,"
+          "\"pinned_gemm2\":%s,\"final_tuned_ms\":%.6f,\"final_heuristic_ms\":%.6f,\"action\":",
+          j ? "," : "", (long long)p->tokens, p->bucket ? "true" : "false", p->tuned_ms, p->heur_ms,
+          p->again_tuned_ms, p->again_heur_ms, p->pinned[0] ? "true" : "false",
+          p->pinned[1] ? "true" : "false", p->final_tuned_ms, p->final_heur_ms);
+      cli_json_str(stdout, p->action);
+      printf(",\"problem\":");
+      cli_json_str(stdout, p->problem);
+      printf("}");
+    }
+    printf("]}");
+  }
+  printf("],\"error\":");
+  cli_json_str(stdout, c->error);
+  printf("}");
+}
+
+void tune_check_free(tune_check *c) {
+  free(c->shapes);
+  c->shapes = NULL;
+  c->n_shapes = 0;
+}

@@ -1,0 +1,56 @@
+/* `moejit tune --check-layer` (tune_check.c): after a sweep has written its
+ * tuned table, each tuned model's whole layer runs with that table and
+ * with tables off, graph-replayed and interleaved (run_gpu.c), at the
+ * sweep's token counts and between them; where the table's layer is slower
+ * by more than the tolerance in two runs, the table is pinned to the
+ * heuristic there (moejit_tuned_table_pin_heuristic). docs/tune.md. */
+#ifndef MOEJIT_CLI_TUNE_CHECK_H
+#define MOEJIT_CLI_TUNE_CHECK_H
+
+#include <stdint.h>
+
+#include "moejit/moejit.h"
+
+#define CHECK_MAX_POINTS 64
+
+typedef struct check_point {
+  int64_t tokens;
+  int bucket; /* 1: a token count of the sweep; 0: between two of them */
+  /* graph replay medians, ms: the first run, the confirming run (only
+   * where the first was slower than the tolerance) and the run after
+   * pinning (only where something was pinned); 0 where not run */
+  double tuned_ms, heur_ms, again_tuned_ms, again_heur_ms, final_tuned_ms, final_heur_ms;
+  int pinned[2]; /* gemm1, gemm2: the pin changed the table's choice */
+  const char *action;
+  char problem[320];
+} check_point;
+
+typedef struct check_shape {
+  char name[MOEJIT_NAME_MAX];
+  const char *config; /* what the layer is loaded from: a config path or a preset name */
+  char skipped[160];  /* why this shape was not checked, or "" */
+  int n;
+  check_point p[CHECK_MAX_POINTS];
+} check_shape;
+
+typedef struct tune_check {
+  const char *table; /* the tuned table the sweep wrote */
+  int iters;
+  double tolerance_pct;
+  check_shape *shapes;
+  int n_shapes;
+  int failed; /* a layer check (float64, graph == eager) or a pin failed */
+  char error[512];
+} tune_check;
+
+/* Checks the layer of each model (configs: --model's arguments, n_configs
+ * of them; 0: the sweep's shapes that are presets) at the winners' token
+ * counts in s, pins where the table loses. Returns 0, or an exit code
+ * after a failure that stopped it (printed). */
+int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const char *const *configs,
+                     int n_configs);
+void tune_check_print_text(const tune_check *c);
+void tune_check_print_json(const tune_check *c); /* a JSON value, no newline */
+void tune_check_free(tune_check *c);
+
+#endif
