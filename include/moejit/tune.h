@@ -47,6 +47,10 @@ MOEJIT_API moejit_status moejit_sweep_load_string(const char *text, size_t len, 
 MOEJIT_API void moejit_sweep_destroy(moejit_sweep *sweep);
 /* The sweep's `name`; "" for NULL. Valid while the sweep lives. */
 MOEJIT_API const char *moejit_sweep_name(const moejit_sweep *sweep);
+/* The sweep's token counts (its `tokens:`, as written): the first cap of
+ * them into tokens (may be NULL when cap is 0); returns how many it has (0
+ * for NULL). */
+MOEJIT_API size_t moejit_sweep_tokens(const moejit_sweep *sweep, int64_t *tokens, size_t cap);
 
 /* Replaces the sweep's shapes with the shapes of n model specs (as
  * moejit_spec_load_file or moejit_spec_load_preset give them; 1 to

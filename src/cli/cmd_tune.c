@@ -61,6 +61,9 @@ static void tune_usage(FILE *f) {
           "                        table are needed; the sweep's shapes must be presets,\n"
           "                        or give --model)\n"
           "  --check-tolerance PCT how much slower counts as slower (default 1)\n"
+          "  --check-only          time no GEMMs: check the table --out names as\n"
+          "                        --check-layer would after a sweep, at the sweep's token\n"
+          "                        counts and between them, for each --model (both needed)\n"
           "  --json                print the summary as one JSON object (progress: stderr)\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n",
@@ -71,7 +74,7 @@ typedef struct tune_args {
   const char *sweep, *out, *results, *arch;
   const char *models[MOEJIT_TUNE_MAX_MODELS];
   int n_models;
-  int jobs, warmup, iters, json, dry_run, compile_only, no_table, check_layer;
+  int jobs, warmup, iters, json, dry_run, compile_only, no_table, check_layer, check_only;
   int runoff; /* -1: not given */
   double budget, keep_within, check_tolerance;
 } tune_args;
@@ -129,6 +132,8 @@ static int parse_args(int argc, char **argv, tune_args *a) {
         return CLI_EXIT_USAGE;
     } else if (cli_flag(argv, i, "--check-layer")) {
       a->check_layer = 1;
+    } else if (cli_flag(argv, i, "--check-only")) {
+      a->check_layer = a->check_only = 1;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
     } else if (cli_flag(argv, i, "--dry-run")) {
@@ -145,6 +150,12 @@ static int parse_args(int argc, char **argv, tune_args *a) {
     fprintf(stderr,
             "moejit: --check-layer times the layer with the table this run writes; leave out "
             "--no-table, --dry-run and --compile-only\n");
+    return CLI_EXIT_USAGE;
+  }
+  if (a->check_only && (!a->out || !a->n_models)) {
+    fprintf(stderr,
+            "moejit: --check-only checks the table --out FILE names for each --model CONFIG; "
+            "give both\n");
     return CLI_EXIT_USAGE;
   }
   if (!a->sweep) {
@@ -397,6 +408,52 @@ static int use_models(tune_args *a, moejit_sweep *sweep, char *results, size_t c
   return rc;
 }
 
+/* The check's failure as the exit code (0 when it passed). */
+static int check_rc(const tune_check *check) {
+  if (!check->failed) return 0;
+  fprintf(stderr, "moejit: --check-layer: %s\n",
+          check->error[0] ? check->error : "the layer's check failed (see the table)");
+  return CLI_EXIT_FAILURE;
+}
+
+/* --check-only: the layer check of the table --out names, at the sweep's
+ * token counts; no GEMM is timed alone. */
+static int check_only(const tune_args *a, const moejit_sweep *sweep) {
+  FILE *f = fopen(a->out, "rb");
+  if (!f) {
+    fprintf(stderr, "moejit: --check-only: cannot read the table %s\n", a->out);
+    return CLI_EXIT_FAILURE;
+  }
+  fclose(f);
+  int devices = 0;
+  const moejit_status st = moejit_device_count(&devices);
+  if (st != MOEJIT_OK || devices == 0) {
+    fprintf(stderr, "moejit: --check-only runs the layer, which needs a GPU: %s\n",
+            st != MOEJIT_OK ? moejit_last_error() : "the CUDA driver reports no device");
+    return CLI_EXIT_FAILURE;
+  }
+  int64_t tokens[64];
+  size_t n = moejit_sweep_tokens(sweep, tokens, 64);
+  tune_check check = {.table = a->out,
+                      .tokens = tokens,
+                      .n_tokens = n < 64 ? (int)n : 64,
+                      .iters = a->iters ? a->iters : 20,
+                      .tolerance_pct = a->check_tolerance};
+  int rc = tune_check_layer(&check, NULL, a->models, a->n_models);
+  if (a->json) {
+    printf("{\"sweep\":");
+    cli_json_str(stdout, moejit_sweep_name(sweep));
+    printf(",\"check_only\":true,\"layer_check\":");
+    tune_check_print_json(&check);
+    printf("}\n");
+  } else {
+    tune_check_print_text(&check);
+  }
+  if (!rc) rc = check_rc(&check);
+  tune_check_free(&check);
+  return rc;
+}
+
 int cli_tune(int argc, char **argv) {
   tune_args a = {.runoff = -1, .check_tolerance = 1};
   int rc = parse_args(argc, argv, &a);
@@ -413,6 +470,11 @@ int cli_tune(int argc, char **argv) {
   char results[4096];
   if (a.n_models && (rc = use_models(&a, sweep, results, sizeof results)))
     return moejit_sweep_destroy(sweep), rc;
+  if (a.check_only) {
+    rc = check_only(&a, sweep);
+    moejit_sweep_destroy(sweep);
+    return rc;
+  }
   moejit_ctx *ctx = NULL;
   char why[2048] = "";
   if ((rc = open_gpu(&a, &ctx, why, sizeof why))) return moejit_sweep_destroy(sweep), rc;
@@ -445,11 +507,7 @@ int cli_tune(int argc, char **argv) {
   if (checking && !a.json) tune_check_print_text(&check);
   if (a.check_layer && !timed && !a.json) printf("--check-layer: nothing to check without a GPU\n");
   if (st) rc = cli_fail(st, "tuning failed");
-  if (!rc && check.failed) {
-    fprintf(stderr, "moejit: --check-layer: %s\n",
-            check.error[0] ? check.error : "the layer's check failed (see the table)");
-    rc = CLI_EXIT_FAILURE;
-  }
+  if (!rc) rc = check_rc(&check);
   tune_check_free(&check);
   moejit_tune_summary_free(&s);
   moejit_sweep_destroy(sweep);

@@ -22,24 +22,29 @@ static const char *const kNoise = "kept: faster in the second run";
 static const char *const kPinned = "pinned to the heuristic";
 static const char *const kSame = "slower, but it runs the heuristic's plans already";
 static const char *const kFailed = "check failed";
+static const char *const kSkipped = "not run: its buffers do not fit the GPU";
 
 static int cmp_i64(const void *x, const void *y) {
   int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
   return a < b ? -1 : a > b;
 }
 
-/* The sweep's token counts for `shape` (its winners'), ascending, and one
- * point between each two (their geometric mean), where the table's nearest
- * bucket serves a T it was not timed at. */
-static void plan_points(check_shape *sh, const moejit_tune_summary *s) {
+/* Adds T to the set t[*n] (at most CHECK_MAX_POINTS / 2). */
+static void add_token(int64_t *t, int *n, int64_t tokens) {
+  for (int j = 0; j < *n; j++)
+    if (t[j] == tokens) return;
+  if (*n < CHECK_MAX_POINTS / 2) t[(*n)++] = tokens;
+}
+
+/* The token counts for `shape` (the winners' in s, else the sweep's),
+ * ascending, and one point between each two (their geometric mean), where
+ * the table's nearest bucket serves a T it was not timed at. */
+static void plan_points(check_shape *sh, const tune_check *c, const moejit_tune_summary *s) {
   int64_t t[CHECK_MAX_POINTS / 2];
   int n = 0;
-  for (size_t i = 0; i < s->n_winners && n < CHECK_MAX_POINTS / 2; i++) {
-    const moejit_tune_winner *w = &s->winners[i];
-    int seen = strcmp(w->shape, sh->name) != 0;
-    for (int j = 0; j < n && !seen; j++) seen = t[j] == w->tokens;
-    if (!seen) t[n++] = w->tokens;
-  }
+  for (size_t i = 0; s && i < s->n_winners; i++)
+    if (!strcmp(s->winners[i].shape, sh->name)) add_token(t, &n, s->winners[i].tokens);
+  for (int i = 0; !s && i < c->n_tokens; i++) add_token(t, &n, c->tokens[i]);
   qsort(t, (size_t)n, sizeof t[0], cmp_i64);
   sh->n = 0;
   for (int i = 0; i < n; i++) {
@@ -88,14 +93,15 @@ static int run_layer(tune_check *c, check_shape *sh, run_kind k) {
     for (int j = 0; j < res.n; j++) {
       check_point *p = &sh->p[idx[first + j]];
       const run_point_result *r = &res.points[j];
-      if (r->skipped) {
-        snprintf(p->problem, sizeof p->problem, "skipped: its buffers do not fit the GPU");
-      } else if (!r->ok) {
-        snprintf(p->problem, sizeof p->problem, "%s", r->problem);
-        c->failed = 1;
+      if (r->skipped) { /* not run again */
+        p->action = kSkipped;
+        snprintf(p->problem, sizeof p->problem, "skipped");
+        continue;
       }
-      if (p->problem[0]) {
+      if (!r->ok) {
+        snprintf(p->problem, sizeof p->problem, "%s", r->problem);
         p->action = kFailed;
+        c->failed = 1;
         continue;
       }
       double *tuned = k == RUN_FIRST   ? &p->tuned_ms
@@ -117,7 +123,7 @@ static int slower(const tune_check *c, double tuned, double heur) {
 /* The GEMM's time alone under the heuristic at T, where the sweep timed
  * it (the pinned entry's us), else 0. */
 static double heuristic_us(const moejit_tune_summary *s, const char *shape, int which, int64_t t) {
-  for (size_t i = 0; i < s->n_winners; i++) {
+  for (size_t i = 0; s && i < s->n_winners; i++) {
     const moejit_tune_winner *w = &s->winners[i];
     if (!strcmp(w->shape, shape) && w->tokens == t && w->kernel[4] - '0' == which)
       return w->heuristic_us;
@@ -154,7 +160,7 @@ static int pin_losers(tune_check *c, check_shape *sh, const moejit_tune_summary 
 }
 
 static int check_shape_layer(tune_check *c, check_shape *sh, const moejit_tune_summary *s) {
-  plan_points(sh, s);
+  plan_points(sh, c, s);
   if (!sh->n) {
     snprintf(sh->skipped, sizeof sh->skipped, "no winners in this run");
     return 0;
@@ -184,7 +190,7 @@ static check_shape *add_shape(tune_check *c, const char *name, const char *confi
 
 int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const char *const *configs,
                      int n_configs) {
-  const size_t cap = n_configs ? (size_t)n_configs : s->n_winners;
+  const size_t cap = n_configs ? (size_t)n_configs : s ? s->n_winners : 0;
   c->shapes = calloc(cap ? cap : 1, sizeof *c->shapes);
   if (!c->shapes) return cli_fail(MOEJIT_ERR_OUT_OF_MEMORY, "--check-layer");
   for (int i = 0; i < n_configs; i++) {
@@ -193,7 +199,7 @@ int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const char *co
     if (rc) return rc;
     add_shape(c, spec.name, configs[i], &added);
   }
-  for (size_t i = 0; !n_configs && i < s->n_winners; i++) {
+  for (size_t i = 0; !n_configs && s && i < s->n_winners; i++) {
     const char *name = s->winners[i].shape;
     moejit_spec spec;
     int added;
@@ -242,7 +248,7 @@ void tune_check_print_text(const tune_check *c) {
                : p->pinned[0]               ? "1"
                                             : "2",
                p->final_tuned_ms, p->final_heur_ms, ratio(p->final_heur_ms, p->final_tuned_ms));
-      if (p->problem[0]) printf(": %s", p->problem);
+      if (p->problem[0] && p->action == kFailed) printf(": %s", p->problem);
       printf("\n");
     }
   }

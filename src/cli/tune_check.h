@@ -34,7 +34,11 @@ typedef struct check_shape {
 } check_shape;
 
 typedef struct tune_check {
-  const char *table; /* the tuned table the sweep wrote */
+  const char *table; /* the tuned table the sweep wrote (or --check-only's) */
+  /* --check-only: the sweep's token counts, the buckets checked (with a
+   * summary, its winners' token counts are) */
+  const int64_t *tokens;
+  int n_tokens;
   int iters;
   double tolerance_pct;
   check_shape *shapes;
@@ -44,9 +48,10 @@ typedef struct tune_check {
 } tune_check;
 
 /* Checks the layer of each model (configs: --model's arguments, n_configs
- * of them; 0: the sweep's shapes that are presets) at the winners' token
- * counts in s, pins where the table loses. Returns 0, or an exit code
- * after a failure that stopped it (printed). */
+ * of them; 0: the sweep's shapes in s's winners that are presets) at the
+ * winners' token counts in s (s NULL: c->tokens), pins where the table
+ * loses. Returns 0, or an exit code after a failure that stopped it
+ * (printed). */
 int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const char *const *configs,
                      int n_configs);
 void tune_check_print_text(const tune_check *c);

@@ -703,6 +703,12 @@ const char *moejit_sweep_name(const moejit_sweep *sweep) {
   return sweep ? sweep->name : "";
 }
 
+size_t moejit_sweep_tokens(const moejit_sweep *sweep, int64_t *tokens, size_t cap) {
+  if (!sweep) return 0;
+  for (size_t i = 0; i < cap && i < (size_t)sweep->n_tokens; i++) tokens[i] = sweep->tokens[i];
+  return (size_t)sweep->n_tokens;
+}
+
 _Static_assert(MOEJIT_TUNE_MAX_MODELS == MJ_SWEEP_MAX_SHAPES, "moejit_sweep_set_shapes' limit");
 
 /* Shape i of moejit_sweep_set_shapes: the spec at the sweep's token counts. */

@@ -172,6 +172,18 @@ Test(cli_tune, options) {
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-layer", "--dry-run"), 2);
   cr_assert(strstr(err, "--check-layer"), "%s", err);
   free(err);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--model", "olmoe-1b-7b"), 2);
+  cr_assert(strstr(err, "--check-only") && strstr(err, "--out"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--out", "/nonexistent/t.yaml", "--model",
+                    "olmoe-1b-7b"),
+               1);
+  cr_assert(strstr(err, "cannot read the table /nonexistent/t.yaml"), "%s", err);
+  free(err);
+  char *t = ts_write_file(tmp, "t.yaml", "device: X\nentries: []\n");
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--out", t, "--model", "olmoe-1b-7b"), 1);
+  cr_assert(strstr(err, "needs a GPU") && strstr(err, "libcuda"), "%s", err);
+  free(err), free(t);
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-tolerance", "-2"), 2);
   cr_assert(strstr(err, "--check-tolerance: '-2' is not a percentage"), "%s", err);
   free(err);

@@ -59,6 +59,11 @@ Test(tune_sweep, shipped_sweeps_load) {
   cr_assert_eq(sw->n_shapes, 4);
   cr_assert_eq(sw->n_tokens, 5);
   cr_assert_eq(sw->tokens[4], 16384);
+  int64_t tok[3] = {-1, -1, -1};
+  cr_assert_eq(moejit_sweep_tokens(sw, tok, 2), 5, "the count, whatever the cap");
+  cr_assert(tok[0] == 1 && tok[1] == 32 && tok[2] == -1, "the first cap only");
+  cr_assert_eq(moejit_sweep_tokens(sw, NULL, 0), 5);
+  cr_assert_eq(moejit_sweep_tokens(NULL, tok, 3), 0);
   const char *want[] = {"qwen3-30b-a3b", "olmoe-1b-7b", "mixtral-8x7b", "deepseek-v3"};
   for (int i = 0; i < 4; i++) {
     cr_assert_str_eq(sw->shapes[i].name, want[i]);
