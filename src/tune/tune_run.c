@@ -679,15 +679,6 @@ static moejit_status write_results(run *r) {
   return st;
 }
 
-static moejit_status mkdir_parent(const char *path) {
-  char dir[MOEJIT_PATH_MAX];
-  mj_strlcpy(dir, path, sizeof dir);
-  char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return MOEJIT_OK;
-  *slash = '\0';
-  return mj_mkdir_p(dir, 0755);
-}
-
 /* The tuned table the run writes: --out, or configs/tuned/<device file>. */
 static moejit_status table_path(const run *r, char *path, size_t cap) {
   if (r->o->out_table) return mj_snprintf(path, cap, "%s", r->o->out_table);
@@ -749,9 +740,11 @@ static moejit_status write_table(run *r) {
   if (st) return st;
   mj_tuned_table t;
   memset(&t, 0, sizeof t);
-  st = fill_table(r, path, &t);
-  if (!st) st = mkdir_parent(path);
+  int lock = -1;
+  st = mj_tuned_table_lock(path, 1, &lock); /* read, merge and write as one */
+  if (!st) st = fill_table(r, path, &t);
   if (!st) st = mj_tuned_table_write(&t, path);
+  mj_tuned_table_unlock(lock);
   mj_tuned_table_free(&t);
   if (!st) mj_strlcpy(r->sum->table_path, path, sizeof r->sum->table_path);
   return st;

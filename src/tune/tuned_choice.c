@@ -64,12 +64,12 @@ static moejit_status pin_args(const char *table_path, const moejit_spec *spec, i
   return MOEJIT_OK;
 }
 
-moejit_status moejit_tuned_table_pin_heuristic(const char *table_path, const moejit_spec *spec,
-                                               int which, int64_t tokens, double us,
-                                               moejit_gemm_cfg *cfg, int *path, int *changed) {
+/* The pin, with the table's directory locked. */
+static moejit_status pin_locked(const char *table_path, const moejit_spec *spec, int which,
+                                int64_t tokens, double us, moejit_gemm_cfg *cfg, int *path,
+                                int *changed) {
   const char *op = "moejit_tuned_table_pin_heuristic";
-  moejit_status st = pin_args(table_path, spec, which, tokens, us);
-  if (st) return st;
+  moejit_status st;
   mj_tuned_table t = {0};
   if ((st = mj_tuned_table_load_file(table_path, &t))) return mj_fail_prefix(st, "%s", op);
   moejit_spec base = *spec;
@@ -100,4 +100,17 @@ moejit_status moejit_tuned_table_pin_heuristic(const char *table_path, const moe
   if (path) *path = (int)e.path;
   if (changed) *changed = !same;
   return MOEJIT_OK;
+}
+
+moejit_status moejit_tuned_table_pin_heuristic(const char *table_path, const moejit_spec *spec,
+                                               int which, int64_t tokens, double us,
+                                               moejit_gemm_cfg *cfg, int *path, int *changed) {
+  const char *op = "moejit_tuned_table_pin_heuristic";
+  moejit_status st = pin_args(table_path, spec, which, tokens, us);
+  if (st) return st;
+  int lock = -1;
+  if ((st = mj_tuned_table_lock(table_path, 0, &lock))) return mj_fail_prefix(st, "%s", op);
+  st = pin_locked(table_path, spec, which, tokens, us, cfg, path, changed);
+  mj_tuned_table_unlock(lock);
+  return st;
 }

@@ -11,7 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "config/config.h"
@@ -637,15 +640,48 @@ static moejit_status sorted_entries(const mj_tuned_table *t, const char *op, mj_
 }
 
 /* Creates the directory the table goes to when it is missing. */
-static moejit_status make_parent(const char *path) {
+/* The directory of path ("." for a bare name, "/" for one in the root). */
+static moejit_status parent_of(const char *path, char *dir, size_t cap) {
   const char *slash = strrchr(path, '/');
-  if (!slash || slash == path) return MOEJIT_OK;
+  const size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
+  if (n >= cap) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "path too long: '%s'", path);
+  memcpy(dir, n ? path : ".", n ? n : 1);
+  dir[n ? n : 1] = '\0';
+  return MOEJIT_OK;
+}
+
+static moejit_status make_parent(const char *path) {
   char dir[MOEJIT_PATH_MAX];
-  if ((size_t)(slash - path) >= sizeof dir)
-    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "path too long: '%s'", path);
-  memcpy(dir, path, (size_t)(slash - path));
-  dir[slash - path] = '\0';
-  return mj_mkdir_p(dir, 0755);
+  moejit_status st = parent_of(path, dir, sizeof dir);
+  return st ? st : mj_mkdir_p(dir, 0755);
+}
+
+moejit_status mj_tuned_table_lock(const char *path, int create, int *fd) {
+  *fd = -1;
+  char dir[MOEJIT_PATH_MAX];
+  moejit_status st = create ? make_parent(path) : MOEJIT_OK;
+  if (!st) st = parent_of(path, dir, sizeof dir);
+  if (st) return mj_fail_prefix(st, "tuned table %s", path);
+  const int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0)
+    return mj_fail(MOEJIT_ERR_IO, "tuned table %s: cannot open its directory %s: %s", path, dir,
+                   strerror(errno));
+  int rc;
+  while ((rc = flock(d, LOCK_EX)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0) {
+    const int e = errno;
+    close(d);
+    if (e == ENOLCK || e == EOPNOTSUPP || e == EINVAL) return MOEJIT_OK; /* no locks there */
+    return mj_fail(MOEJIT_ERR_IO, "tuned table %s: cannot lock its directory %s: %s", path, dir,
+                   strerror(e));
+  }
+  *fd = d;
+  return MOEJIT_OK;
+}
+
+void mj_tuned_table_unlock(int fd) {
+  if (fd >= 0) close(fd); /* releases the flock */
 }
 
 moejit_status mj_tuned_table_write(const mj_tuned_table *t, const char *path) {

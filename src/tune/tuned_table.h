@@ -56,6 +56,17 @@ moejit_status mj_tuned_table_load_file(const char *path, mj_tuned_table *t);
  * entries with one key, more than MJ_TUNED_MAX_ENTRIES. parse(write(t))
  * gives t back exactly (doubles in their shortest exact decimal form). */
 moejit_status mj_tuned_table_write(const mj_tuned_table *t, const char *path);
+/* Serializes updates of the table at path between processes and threads:
+ * an exclusive flock on its directory (created when missing), held from
+ * before the table is read until after it is written, so two updates (two
+ * tuners merging into one device table, pins) do not lose each other's
+ * entries. create: make the directory when missing. *fd for
+ * mj_tuned_table_unlock (-1 on failure, or where the file system has no
+ * locks: then the update goes on unlocked). IO when the directory cannot
+ * be created, opened or locked. */
+moejit_status mj_tuned_table_lock(const char *path, int create, int *fd);
+void mj_tuned_table_unlock(int fd);
+
 /* Adds e, replacing an entry with the same (kernel, dtype, shape, tokens);
  * entries stay sorted. INVALID_ARGUMENT (naming the field) for an entry a
  * table file could not hold: kernel not gemm1/gemm2, dtype not bf16/fp16,

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "config/config.h"
@@ -1237,6 +1239,48 @@ Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
   cr_expect_str_eq(after, "device: X\nentries: [1, 2\n");
   free(after);
   free(before), free(missing), free(bad), free(path);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* Eight processes pinning 16 token counts each into one table at once: the
+ * directory lock makes each load-change-write whole, so all 128 entries are
+ * there at the end (without it, writers overwrite each other's). */
+Test(tuned_table, concurrent_pins_lose_nothing, .timeout = 120) {
+  char *dir = ts_mkdtemp("pin-race");
+  moejit_spec s;
+  OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, "Pin Race GPU", sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  const mj_tuned_entry first = ts_tuned_entry(&s, "gemm2", 1, s.gemm2, MOEJIT_GEMM_PATH_GEMV);
+  OK(mj_tuned_table_put(&t, &first));
+  char *path = ts_write_file(dir, "t.yaml", "");
+  OK(mj_tuned_table_write(&t, path));
+  mj_tuned_table_free(&t);
+  enum { kProcs = 8, kPins = 16 };
+  pid_t pids[kProcs];
+  for (int p = 0; p < kProcs; p++) {
+    pids[p] = fork();
+    cr_assert_geq(pids[p], 0);
+    if (pids[p] == 0) {
+      int bad = 0;
+      for (int i = 0; i < kPins; i++)
+        bad |= moejit_tuned_table_pin_heuristic(path, &s, 1, 100 + p * kPins + i, 0, NULL, NULL,
+                                                NULL) != MOEJIT_OK;
+      _exit(bad);
+    }
+  }
+  for (int p = 0; p < kProcs; p++) {
+    int status = 0;
+    cr_assert_eq(waitpid(pids[p], &status, 0), pids[p]);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d failed a pin", p);
+  }
+  OK(mj_tuned_table_load_file(path, &t));
+  cr_expect_eq(t.n, 1 + kProcs * kPins, "every pin kept: %zu entries", t.n);
+  mj_tuned_table_free(&t);
+  free(path);
   ts_rmtree(dir);
   free(dir);
 }
