@@ -61,13 +61,15 @@ static void tune_usage(FILE *f) {
           "                        table are needed; the sweep's shapes must be presets,\n"
           "                        or give --model)\n"
           "  --check-tolerance PCT how much slower counts as slower (default 1)\n"
+          "  --check-between N     points checked between two token counts, evenly spaced\n"
+          "                        in log scale (default 1: their geometric mean; up to %d)\n"
           "  --check-only          time no GEMMs: check the table --out names as\n"
           "                        --check-layer would after a sweep, at the sweep's token\n"
           "                        counts and between them, for each --model (both needed)\n"
           "  --json                print the summary as one JSON object (progress: stderr)\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n",
-          MOEJIT_TUNE_MAX_MODELS);
+          MOEJIT_TUNE_MAX_MODELS, CHECK_MAX_BETWEEN);
 }
 
 typedef struct tune_args {
@@ -75,6 +77,7 @@ typedef struct tune_args {
   const char *models[MOEJIT_TUNE_MAX_MODELS];
   int n_models;
   int jobs, warmup, iters, json, dry_run, compile_only, no_table, check_layer, check_only;
+  int check_between;
   int runoff; /* -1: not given */
   double budget, keep_within, check_tolerance;
 } tune_args;
@@ -129,6 +132,9 @@ static int parse_args(int argc, char **argv, tune_args *a) {
     } else if (cli_opt_value(argc, argv, &i, "--check-tolerance", &v, &bad)) {
       if (bad || !parse_real("--check-tolerance", v, 0, 0, 100, "a percentage (0 to 100)",
                              &a->check_tolerance))
+        return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--check-between", &v, &bad)) {
+      if (bad || !cli_parse_int("--check-between", v, 1, CHECK_MAX_BETWEEN, &a->check_between))
         return CLI_EXIT_USAGE;
     } else if (cli_flag(argv, i, "--check-layer")) {
       a->check_layer = 1;
@@ -438,6 +444,7 @@ static int check_only(const tune_args *a, const moejit_sweep *sweep) {
                       .tokens = tokens,
                       .n_tokens = n < 64 ? (int)n : 64,
                       .iters = a->iters ? a->iters : 20,
+                      .between = a->check_between,
                       .tolerance_pct = a->check_tolerance};
   int rc = tune_check_layer(&check, NULL, a->models, a->n_models);
   if (a->json) {
@@ -455,7 +462,7 @@ static int check_only(const tune_args *a, const moejit_sweep *sweep) {
 }
 
 int cli_tune(int argc, char **argv) {
-  tune_args a = {.runoff = -1, .check_tolerance = 1};
+  tune_args a = {.runoff = -1, .check_tolerance = 1, .check_between = 1};
   int rc = parse_args(argc, argv, &a);
   if (rc == -1) return tune_usage(stdout), CLI_EXIT_OK;
   if (rc) return rc;
@@ -496,8 +503,10 @@ int cli_tune(int argc, char **argv) {
   clear_bar(&p);
   const int timed = ctx != NULL;
   moejit_ctx_destroy(ctx); /* the layer check makes its own */
-  tune_check check = {
-      .table = s.table_path, .iters = a.iters ? a.iters : 20, .tolerance_pct = a.check_tolerance};
+  tune_check check = {.table = s.table_path,
+                      .iters = a.iters ? a.iters : 20,
+                      .between = a.check_between,
+                      .tolerance_pct = a.check_tolerance};
   const int checking = !st && a.check_layer && timed && s.table_path[0];
   if (checking) rc = tune_check_layer(&check, &s, a.models, a.n_models);
   if (a.json)

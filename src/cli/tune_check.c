@@ -29,18 +29,26 @@ static int cmp_i64(const void *x, const void *y) {
   return a < b ? -1 : a > b;
 }
 
-/* Adds T to the set t[*n] (at most CHECK_MAX_POINTS / 2). */
+/* Adds T to the set t[*n] (at most CHECK_MAX_BUCKETS). */
 static void add_token(int64_t *t, int *n, int64_t tokens) {
   for (int j = 0; j < *n; j++)
     if (t[j] == tokens) return;
-  if (*n < CHECK_MAX_POINTS / 2) t[(*n)++] = tokens;
+  if (*n < CHECK_MAX_BUCKETS) t[(*n)++] = tokens;
+}
+
+static check_point *new_point(check_shape *sh, int64_t tokens, int bucket) {
+  check_point *p = &sh->p[sh->n++];
+  memset(p, 0, sizeof *p);
+  p->tokens = tokens, p->bucket = bucket, p->action = kKept;
+  return p;
 }
 
 /* The token counts for `shape` (the winners' in s, else the sweep's),
- * ascending, and one point between each two (their geometric mean), where
- * the table's nearest bucket serves a T it was not timed at. */
+ * ascending, and c->between points between each two (evenly spaced in log
+ * scale; one: their geometric mean), where the table's nearest bucket
+ * serves a T it was not timed at. */
 static void plan_points(check_shape *sh, const tune_check *c, const moejit_tune_summary *s) {
-  int64_t t[CHECK_MAX_POINTS / 2];
+  int64_t t[CHECK_MAX_BUCKETS];
   int n = 0;
   for (size_t i = 0; s && i < s->n_winners; i++)
     if (!strcmp(s->winners[i].shape, sh->name)) add_token(t, &n, s->winners[i].tokens);
@@ -48,15 +56,13 @@ static void plan_points(check_shape *sh, const tune_check *c, const moejit_tune_
   qsort(t, (size_t)n, sizeof t[0], cmp_i64);
   sh->n = 0;
   for (int i = 0; i < n; i++) {
-    check_point *p = &sh->p[sh->n++];
-    memset(p, 0, sizeof *p);
-    p->tokens = t[i], p->bucket = 1, p->action = kKept;
-    if (i + 1 == n) break;
-    const int64_t m = llround(sqrt((double)t[i] * (double)t[i + 1]));
-    if (m <= t[i] || m >= t[i + 1]) continue;
-    p = &sh->p[sh->n++];
-    memset(p, 0, sizeof *p);
-    p->tokens = m, p->action = kKept;
+    new_point(sh, t[i], 1);
+    int64_t last = t[i];
+    for (int j = 1; i + 1 < n && j <= c->between; j++) {
+      const double f = (double)j / (c->between + 1);
+      const int64_t m = llround(exp((1 - f) * log((double)t[i]) + f * log((double)t[i + 1])));
+      if (m > last && m < t[i + 1]) new_point(sh, last = m, 0);
+    }
   }
 }
 

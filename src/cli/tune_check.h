@@ -11,7 +11,9 @@
 
 #include "moejit/moejit.h"
 
-#define CHECK_MAX_POINTS 64
+#define CHECK_MAX_BUCKETS 32
+#define CHECK_MAX_BETWEEN 7 /* points between two buckets (--check-between) */
+#define CHECK_MAX_POINTS (CHECK_MAX_BUCKETS + (CHECK_MAX_BUCKETS - 1) * CHECK_MAX_BETWEEN)
 
 typedef struct check_point {
   int64_t tokens;
@@ -40,6 +42,7 @@ typedef struct tune_check {
   const int64_t *tokens;
   int n_tokens;
   int iters;
+  int between; /* points between two buckets, 1..CHECK_MAX_BETWEEN */
   double tolerance_pct;
   check_shape *shapes;
   int n_shapes;

@@ -149,7 +149,9 @@ Test(cli_tune, options) {
   cr_assert(strstr(out, "--keep-within PCT"), "%s", out);
   cr_assert(strstr(out, "--runoff N"), "%s", out);
   cr_assert(strstr(out, "--model CONFIG"), "%s", out);
-  cr_assert(strstr(out, "--check-layer") && strstr(out, "--check-tolerance PCT"), "%s", out);
+  cr_assert(strstr(out, "--check-layer") && strstr(out, "--check-tolerance PCT") &&
+                strstr(out, "--check-between N") && strstr(out, "--check-only"),
+            "%s", out);
   free(out);
   cr_assert_eq(ts_run_cli((const char *const[]){"tune", NULL}, no_gpu_env, NULL, &err), 2);
   cr_assert(strstr(err, "needs a SWEEP"), "%s", err);
@@ -184,6 +186,10 @@ Test(cli_tune, options) {
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--out", t, "--model", "olmoe-1b-7b"), 1);
   cr_assert(strstr(err, "needs a GPU") && strstr(err, "libcuda"), "%s", err);
   free(err), free(t);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-between", "8"), 2);
+  cr_assert(strstr(err, "--check-between"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--check-between", "0"), 2);
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-tolerance", "-2"), 2);
   cr_assert(strstr(err, "--check-tolerance: '-2' is not a percentage"), "%s", err);
   free(err);
