@@ -259,9 +259,9 @@ MOEJIT_API moejit_status moejit_tuned_choice(const char *device_name, const moej
  * alone at that T where it is known (the entry's us and heuristic_us), else
  * 0 ("not timed alone"). *cfg and *path (MMA, WGMMA or GEMV; both may be
  * NULL) receive the plan; *changed (may be NULL) is 1 when the table's
- * choice at T changed (no entry for T before, or one of another plan) and 0
- * when its entry for T already held this plan, in which case the file is
- * left as it was. Written atomically. Errors, the file unchanged:
+ * choice at T changed and 0 when the table already ran this plan at T (its
+ * entry for T, or where it has none its nearest bucket, holds it), in
+ * which case the file is left as it was. Written atomically. Errors, the file unchanged:
  * INVALID_ARGUMENT (NULL table_path or spec, which, tokens < 1, us < 0 or
  * not finite, a spec moejit_spec_validate refuses, dtypes other than bf16
  * or fp16 for both act and weight), IO (the table cannot be read or

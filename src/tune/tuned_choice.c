@@ -90,7 +90,10 @@ static moejit_status pin_locked(const char *table_path, const moejit_spec *spec,
     mj_tuned_table_free(&t);
     return st;
   }
+  /* what the table runs at T now: its entry for T, else its nearest bucket's */
+  mj_tuned_match match = MJ_TUNED_NONE;
   const mj_tuned_entry *old = mj_tuned_table_find(&t, &e);
+  if (!old) old = mj_tuned_lookup(&t, e.kernel, &base, tokens, &match);
   const int same = old && old->path == e.path && mj_gemm_cfg_equal(&old->cfg, &e.cfg);
   if (!same && !(st = mj_tuned_table_put(&t, &e)) && (st = mj_tuned_table_write(&t, table_path)))
     st = mj_fail_prefix(st, "%s", op);

@@ -1187,6 +1187,13 @@ Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
   cr_expect_str_eq(after, before);
   free(after);
 
+  /* a T whose nearest bucket (32) holds the plan already: nothing written */
+  OK(moejit_tuned_table_pin_heuristic(path, &s, 1, 40, 0, NULL, NULL, &changed));
+  cr_expect_eq(changed, 0);
+  after = slurp(path);
+  cr_expect_str_eq(after, before, "no entry added at T = 40");
+  free(after);
+
   /* a T between buckets: an entry added, its time unknown (0); T = 1: GEMV */
   OK(moejit_tuned_table_pin_heuristic(path, &s, 2, 4096, 0, NULL, &got_path, &changed));
   cr_expect_eq(changed, 1);
@@ -1243,32 +1250,37 @@ Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
   free(dir);
 }
 
-/* Eight processes pinning 16 token counts each into one table at once: the
- * directory lock makes each load-change-write whole, so all 128 entries are
- * there at the end (without it, writers overwrite each other's). */
+/* Eight processes pinning 16 token counts each into one table at once, each
+ * count's entry holding another tile before: the directory lock makes each
+ * load-change-write whole, so all 128 entries hold the heuristic's plan at
+ * the end (without it, writers overwrite each other's changes). */
 Test(tuned_table, concurrent_pins_lose_nothing, .timeout = 120) {
   char *dir = ts_mkdtemp("pin-race");
   moejit_spec s;
   OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
+  enum { kProcs = 8, kPins = 16 };
   mj_tuned_table t;
   memset(&t, 0, sizeof t);
   mj_strlcpy(t.device, "Pin Race GPU", sizeof t.device);
   mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
-  const mj_tuned_entry first = ts_tuned_entry(&s, "gemm2", 1, s.gemm2, MOEJIT_GEMM_PATH_GEMV);
-  OK(mj_tuned_table_put(&t, &first));
+  const moejit_gemm_cfg odd = ts_tile(128, 128, 64, 4, 8);
+  for (int i = 0; i < kProcs * kPins; i++) {
+    const mj_tuned_entry e = ts_tuned_entry(&s, "gemm1", 100 + i, odd, MOEJIT_GEMM_PATH_MMA);
+    OK(mj_tuned_table_put(&t, &e));
+  }
   char *path = ts_write_file(dir, "t.yaml", "");
   OK(mj_tuned_table_write(&t, path));
   mj_tuned_table_free(&t);
-  enum { kProcs = 8, kPins = 16 };
   pid_t pids[kProcs];
   for (int p = 0; p < kProcs; p++) {
     pids[p] = fork();
     cr_assert_geq(pids[p], 0);
     if (pids[p] == 0) {
-      int bad = 0;
+      int bad = 0, changed = 0;
       for (int i = 0; i < kPins; i++)
         bad |= moejit_tuned_table_pin_heuristic(path, &s, 1, 100 + p * kPins + i, 0, NULL, NULL,
-                                                NULL) != MOEJIT_OK;
+                                                &changed) != MOEJIT_OK ||
+               !changed;
       _exit(bad);
     }
   }
@@ -1278,7 +1290,11 @@ Test(tuned_table, concurrent_pins_lose_nothing, .timeout = 120) {
     cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d failed a pin", p);
   }
   OK(mj_tuned_table_load_file(path, &t));
-  cr_expect_eq(t.n, 1 + kProcs * kPins, "every pin kept: %zu entries", t.n);
+  cr_expect_eq(t.n, kProcs * kPins);
+  size_t pinned = 0;
+  for (size_t i = 0; i < t.n; i++) pinned += t.entries[i].path != MOEJIT_GEMM_PATH_MMA;
+  cr_expect_eq(pinned, (size_t)(kProcs * kPins), "every pin kept: %zu of %d", pinned,
+               kProcs * kPins);
   mj_tuned_table_free(&t);
   free(path);
   ts_rmtree(dir);
