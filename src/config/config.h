@@ -63,6 +63,10 @@ typedef struct mj_yaml_node {
  * documents. *root is NULL for an empty stream. CONFIG errors read
  * "ORIGIN:LINE:COL: ...". */
 moejit_status mj_yaml_parse(const char *text, size_t len, const char *origin, mj_yaml_node **root);
+/* The same with another node limit (tuned tables hold thousands of
+ * entries). */
+moejit_status mj_yaml_parse_max(const char *text, size_t len, const char *origin, size_t max_nodes,
+                                mj_yaml_node **root);
 void mj_yaml_free(mj_yaml_node *node);
 
 /* Helpers every reader of a YAML tree shares (the config loader, tuned

@@ -17,7 +17,7 @@ typedef struct builder {
   mj_yaml_node *stack[MJ_CONFIG_MAX_DEPTH];
   int depth;
   mj_yaml_node *root;
-  size_t nodes;
+  size_t nodes, max_nodes;
   int documents;
 } builder;
 
@@ -87,10 +87,10 @@ static moejit_status append_child(mj_yaml_node *parent, mj_yaml_node *child) {
  * (or makes it the root). */
 static moejit_status add_node(builder *b, const yaml_event_t *ev, mj_yaml_kind kind,
                               mj_yaml_node **out) {
-  if (b->nodes >= MJ_CONFIG_MAX_NODES) {
+  if (b->nodes >= b->max_nodes) {
     return fail_at(b, ev->start_mark,
-                   "too many YAML nodes (the limit is %d; a config needs about 100)",
-                   MJ_CONFIG_MAX_NODES);
+                   "too many YAML nodes (the limit is %zu; a config needs about 100)",
+                   b->max_nodes);
   }
   mj_yaml_node *n = calloc(1, sizeof *n);
   if (!n) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory building the YAML tree");
@@ -184,7 +184,12 @@ static moejit_status on_event(builder *b, const yaml_event_t *ev) {
 }
 
 moejit_status mj_yaml_parse(const char *text, size_t len, const char *origin, mj_yaml_node **root) {
-  builder b = {.origin = origin, .text = text, .len = len};
+  return mj_yaml_parse_max(text, len, origin, MJ_CONFIG_MAX_NODES, root);
+}
+
+moejit_status mj_yaml_parse_max(const char *text, size_t len, const char *origin, size_t max_nodes,
+                                mj_yaml_node **root) {
+  builder b = {.origin = origin, .text = text, .len = len, .max_nodes = max_nodes};
   yaml_parser_t parser;
   *root = NULL;
   if (!yaml_parser_initialize(&parser))

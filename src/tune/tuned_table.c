@@ -21,7 +21,6 @@
 #include "ops/gemm.h"
 
 /* Input size limit, as for configs (a full table is about 60 KB). */
-#define MJ_TUNED_MAX_BYTES ((size_t)1 << 20)
 
 /* ---- the schema ------------------------------------------------------------ */
 
@@ -395,6 +394,10 @@ static moejit_status table_push(mj_tuned_table *t, const mj_tuned_entry *e) {
 
 static moejit_status parse_entries(const tparser *P, const mj_yaml_node *n, mj_tuned_table *t) {
   if (n->kind != MJ_YAML_SEQ) return fail_type(P, n, "entries", "a list of entries");
+  if (n->n_items > MJ_TUNED_MAX_ENTRIES)
+    return fail_at(P, n->items[MJ_TUNED_MAX_ENTRIES], NULL,
+                   "entries[%d]: a table holds at most %d entries", MJ_TUNED_MAX_ENTRIES,
+                   MJ_TUNED_MAX_ENTRIES);
   for (size_t i = 0; i < n->n_items; i++) {
     mj_tuned_entry e;
     moejit_status st = parse_entry(P, n->items[i], i, &e);
@@ -447,7 +450,8 @@ moejit_status mj_tuned_table_parse(const char *text, size_t len, const char *ori
     return mj_fail(MOEJIT_ERR_CONFIG, "%s:1:1: the table is %zu bytes (allowed at most %zu)",
                    P.origin, len, MJ_TUNED_MAX_BYTES);
   mj_yaml_node *root = NULL;
-  moejit_status st = mj_yaml_parse(text, len, P.origin, &root);
+  moejit_status st = mj_yaml_parse_max(
+      text, len, P.origin, (size_t)MJ_TUNED_MAX_ENTRIES * MJ_TUNED_NODES_PER_ENTRY + 64, &root);
   if (st) {
     if (strstr(moejit_last_error(), "too many YAML nodes"))
       return mj_fail_prefix(st, "tuned table (a table holds at most %d entries)",

@@ -12,9 +12,12 @@
 
 #include "moejit/moejit.h"
 
-/* The most entries one table holds: a table is read with the YAML loader's
- * node limit (10000; an entry takes about 30 nodes). */
-#define MJ_TUNED_MAX_ENTRIES 256
+/* The most entries one table holds (a device's table for dozens of models,
+ * pins between buckets included): a table is read with a YAML node limit of
+ * MJ_TUNED_NODES_PER_ENTRY each, and at most MJ_TUNED_MAX_BYTES of text. */
+#define MJ_TUNED_MAX_ENTRIES 4096
+#define MJ_TUNED_NODES_PER_ENTRY 40
+#define MJ_TUNED_MAX_BYTES ((size_t)4 << 20)
 
 /* One winner: kernel "gemm1" or "gemm2", for act = weight dtype `dtype`,
  * the shape (d, f, E, k) and T = tokens (the GEMM sees T * k rows). */

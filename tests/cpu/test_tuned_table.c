@@ -1300,3 +1300,59 @@ Test(tuned_table, concurrent_pins_lose_nothing, .timeout = 120) {
   ts_rmtree(dir);
   free(dir);
 }
+
+/* A device table for dozens of models: MJ_TUNED_MAX_ENTRIES entries write
+ * and read back exactly; one more is refused by the writer (nothing
+ * written) and, written by hand, by the parser, with its position. */
+Test(tuned_table, the_largest_table_round_trips_and_one_more_is_refused, .timeout = 120) {
+  char *dir = ts_mkdtemp("tuned-large");
+  moejit_spec s;
+  OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, "Large Table GPU", sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  for (int i = 0; i < MJ_TUNED_MAX_ENTRIES; i++) {
+    mj_tuned_entry e = ts_tuned_entry(&s, i % 2 ? "gemm2" : "gemm1", 1 + i / 2,
+                                      ts_tile(128, 256, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
+    e.hidden = 1024 + 8 * (i % 64); /* several shapes */
+    OK(mj_tuned_table_put(&t, &e));
+  }
+  char path[1200];
+  snprintf(path, sizeof path, "%s/t.yaml", dir);
+  OK(mj_tuned_table_write(&t, path));
+  mj_tuned_table back;
+  OK(mj_tuned_table_load_file(path, &back));
+  cr_assert_eq(back.n, (size_t)MJ_TUNED_MAX_ENTRIES);
+  for (size_t i = 0; i < t.n; i++)
+    cr_assert(!memcmp(&back.entries[i], &t.entries[i], sizeof t.entries[i]), "entry %zu", i);
+  mj_tuned_table_free(&back);
+
+  mj_tuned_entry extra = ts_tuned_entry(&s, "gemm1", 99999, s.gemm1, MOEJIT_GEMM_PATH_WGMMA);
+  OK(mj_tuned_table_put(&t, &extra));
+  char other[1200];
+  snprintf(other, sizeof other, "%s/over.yaml", dir);
+  cr_expect_eq(mj_tuned_table_write(&t, other), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "4096"), "%s", moejit_last_error());
+  cr_expect_eq(ts_count_files(dir, "over.yaml"), 0, "nothing written");
+  mj_tuned_table_free(&t);
+
+  /* the same table with one more entry appended by hand */
+  char *text = NULL;
+  size_t len = 0;
+  OK(mj_read_file(path, &text, &len));
+  const char *line = strstr(text, "  - {kernel: gemm1");
+  cr_assert(line);
+  const char *eol = strchr(line, '\n');
+  char *more = NULL;
+  cr_assert(asprintf(&more, "%s%.*s", text, (int)(eol - line + 1), line) > 0);
+  /* the copy repeats an entry; its position is past the limit, which is
+   * checked first */
+  cr_expect_eq(mj_tuned_table_parse(more, strlen(more), "more.yaml", &back), MOEJIT_ERR_CONFIG);
+  cr_expect(
+      strstr(moejit_last_error(), "more.yaml:") && strstr(moejit_last_error(), "at most 4096"),
+      "%s", moejit_last_error());
+  free(more), free(text);
+  ts_rmtree(dir);
+  free(dir);
+}
