@@ -51,6 +51,14 @@ MOEJIT_API const char *moejit_sweep_name(const moejit_sweep *sweep);
  * them into tokens (may be NULL when cap is 0); returns how many it has (0
  * for NULL). */
 MOEJIT_API size_t moejit_sweep_tokens(const moejit_sweep *sweep, int64_t *tokens, size_t cap);
+/* The specs of the sweep's shapes, in order: a preset's (with its kernels:
+ * tiles), a raw shape's (the defaults with its hidden, expert_width,
+ * experts, top_k and dtype), or after moejit_sweep_set_shapes the specs it
+ * was given; each with the sweep's target arch. The first cap into specs
+ * (may be NULL when cap is 0); returns how many shapes it has (0 for
+ * NULL). */
+MOEJIT_API size_t moejit_sweep_shape_specs(const moejit_sweep *sweep, moejit_spec *specs,
+                                           size_t cap);
 
 /* Replaces the sweep's shapes with the shapes of n model specs (as
  * moejit_spec_load_file or moejit_spec_load_preset give them; 1 to

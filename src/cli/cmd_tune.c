@@ -58,14 +58,13 @@ static void tune_usage(FILE *f) {
           "                        at the sweep's token counts and between each two; where\n"
           "                        the table's layer is slower in two runs, the table\n"
           "                        holds the heuristic's plan at that T (a GPU and the\n"
-          "                        table are needed; the sweep's shapes must be presets,\n"
-          "                        or give --model)\n"
+          "                        table are needed)\n"
           "  --check-tolerance PCT how much slower counts as slower (default 1)\n"
           "  --check-between N     points checked between two token counts, evenly spaced\n"
           "                        in log scale (default 1: their geometric mean; up to %d)\n"
-          "  --check-only          time no GEMMs: check the table --out names as\n"
+          "  --check-only          time no GEMMs: check the table --out FILE names as\n"
           "                        --check-layer would after a sweep, at the sweep's token\n"
-          "                        counts and between them, for each --model (both needed)\n"
+          "                        counts and between them (its shapes, or each --model)\n"
           "  --json                print the summary as one JSON object (progress: stderr)\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime failure, 2 usage or sweep error\n",
@@ -158,10 +157,8 @@ static int parse_args(int argc, char **argv, tune_args *a) {
             "--no-table, --dry-run and --compile-only\n");
     return CLI_EXIT_USAGE;
   }
-  if (a->check_only && (!a->out || !a->n_models)) {
-    fprintf(stderr,
-            "moejit: --check-only checks the table --out FILE names for each --model CONFIG; "
-            "give both\n");
+  if (a->check_only && !a->out) {
+    fprintf(stderr, "moejit: --check-only checks the table --out FILE names; give it\n");
     return CLI_EXIT_USAGE;
   }
   if (!a->sweep) {
@@ -446,7 +443,7 @@ static int check_only(const tune_args *a, const moejit_sweep *sweep) {
                       .iters = a->iters ? a->iters : 20,
                       .between = a->check_between,
                       .tolerance_pct = a->check_tolerance};
-  int rc = tune_check_layer(&check, NULL, a->models, a->n_models);
+  int rc = tune_check_layer(&check, NULL, sweep);
   if (a->json) {
     printf("{\"sweep\":");
     cli_json_str(stdout, moejit_sweep_name(sweep));
@@ -508,7 +505,7 @@ int cli_tune(int argc, char **argv) {
                       .between = a.check_between,
                       .tolerance_pct = a.check_tolerance};
   const int checking = !st && a.check_layer && timed && s.table_path[0];
-  if (checking) rc = tune_check_layer(&check, &s, a.models, a.n_models);
+  if (checking) rc = tune_check_layer(&check, &s, sweep);
   if (a.json)
     print_json(&s, st, checking ? &check : NULL);
   else

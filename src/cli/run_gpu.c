@@ -84,13 +84,13 @@ static moejit_status load_twice(gpu_state *g) {
   moejit_load_opts_init(&o);
   o.report = &g->cold;
   o.tuned_table = g->a->tuned_table;
-  if (g->a->result) { /* one load is enough for the caller */
+  if (g->a->result) { /* one load, of the spec given, is enough for the caller */
     moejit_status st = make_ctx(g, &g->ctx);
-    if (!st) st = moejit_model_load_config(g->ctx, what, &o, &g->model);
+    if (!st) st = moejit_model_load_spec(g->ctx, g->s, &o, &g->model);
     g->warm = g->cold;
     if (!st && g->a->vs_heuristic) {
       o.report = &g->heur_load, o.tuned_disable = 1;
-      st = moejit_model_load_config(g->ctx, what, &o, &g->heur);
+      st = moejit_model_load_spec(g->ctx, g->s, &o, &g->heur);
     }
     return st ? st : moejit_ctx_device_info(g->ctx, &g->dev);
   }

@@ -29,8 +29,9 @@ typedef struct run_args {
   /* --tuned-table FILE: the layer is loaded with this tuned table instead
    * of the device's (moejit_load_opts.tuned_table) */
   const char *tuned_table;
-  /* Set by `moejit tune --check-layer`: one load (no cold load in a fresh
-   * ctx), nothing printed; each point's times and check go here instead. */
+  /* Set by `moejit tune --check-layer`: one load, of the spec run_on_gpu is
+   * given (no cold load in a fresh ctx), nothing printed; each point's
+   * times and check go here instead. */
   struct run_result *result;
 } run_args;
 

@@ -80,12 +80,11 @@ static int run_layer(tune_check *c, check_shape *sh, run_kind k) {
   int idx[CHECK_MAX_POINTS], n = 0;
   for (int i = 0; i < sh->n; i++)
     if (wanted(&sh->p[i], k)) idx[n++] = i;
-  moejit_spec spec;
-  int rc = n ? cli_load_spec(sh->config, NULL, &spec) : 0;
+  int rc = 0;
   for (int first = 0; first < n && !rc; first += 16) {
     run_result res;
     memset(&res, 0, sizeof res);
-    run_args a = {.config = sh->config,
+    run_args a = {.config = sh->name,
                   .iters = c->iters,
                   .ep_rank = -1,
                   .ep_device = -1,
@@ -95,7 +94,7 @@ static int run_layer(tune_check *c, check_shape *sh, run_kind k) {
                   .tuned_table = c->table,
                   .result = &res};
     for (int j = first; j < n && j < first + 16; j++) a.tokens[a.n_tokens++] = sh->p[idx[j]].tokens;
-    if ((rc = run_on_gpu(&a, &spec))) break;
+    if ((rc = run_on_gpu(&a, &sh->spec))) break;
     for (int j = 0; j < res.n; j++) {
       check_point *p = &sh->p[idx[first + j]];
       const run_point_result *r = &res.points[j];
@@ -139,8 +138,7 @@ static double heuristic_us(const moejit_tune_summary *s, const char *shape, int 
 
 /* Pins both GEMMs at each point slower in both runs; 0 or an exit code. */
 static int pin_losers(tune_check *c, check_shape *sh, const moejit_tune_summary *s) {
-  moejit_spec spec;
-  int rc = cli_load_spec(sh->config, NULL, &spec);
+  int rc = 0;
   for (int i = 0; i < sh->n && !rc; i++) {
     check_point *p = &sh->p[i];
     if (p->action != kAgain || p->problem[0]) continue;
@@ -151,7 +149,7 @@ static int pin_losers(tune_check *c, check_shape *sh, const moejit_tune_summary 
     p->action = kPinned;
     for (int which = 1; which <= 2; which++) {
       moejit_status st = moejit_tuned_table_pin_heuristic(
-          c->table, &spec, which, p->tokens, heuristic_us(s, sh->name, which, p->tokens), NULL,
+          c->table, &sh->spec, which, p->tokens, heuristic_us(s, sh->name, which, p->tokens), NULL,
           NULL, &p->pinned[which - 1]);
       if (st) {
         snprintf(c->error, sizeof c->error, "pinning %s gemm%d at T=%lld: %s", sh->name, which,
@@ -181,42 +179,26 @@ static int check_shape_layer(tune_check *c, check_shape *sh, const moejit_tune_s
   return rc;
 }
 
-/* The shape named `name`, added when new (*added 1). */
-static check_shape *add_shape(tune_check *c, const char *name, const char *config, int *added) {
-  *added = 0;
-  for (int i = 0; i < c->n_shapes; i++)
-    if (!strcmp(c->shapes[i].name, name)) return &c->shapes[i];
-  *added = 1;
-  check_shape *sh = &c->shapes[c->n_shapes++];
-  memset(sh, 0, sizeof *sh);
-  snprintf(sh->name, sizeof sh->name, "%s", name);
-  sh->config = config;
-  return sh;
-}
-
-int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const char *const *configs,
-                     int n_configs) {
-  const size_t cap = n_configs ? (size_t)n_configs : s ? s->n_winners : 0;
-  c->shapes = calloc(cap ? cap : 1, sizeof *c->shapes);
-  if (!c->shapes) return cli_fail(MOEJIT_ERR_OUT_OF_MEMORY, "--check-layer");
-  for (int i = 0; i < n_configs; i++) {
-    moejit_spec spec;
-    int added, rc = cli_load_spec(configs[i], NULL, &spec);
-    if (rc) return rc;
-    add_shape(c, spec.name, configs[i], &added);
+int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const moejit_sweep *sweep) {
+  const size_t n = moejit_sweep_shape_specs(sweep, NULL, 0);
+  c->shapes = calloc(n ? n : 1, sizeof *c->shapes);
+  moejit_spec *specs = calloc(n ? n : 1, sizeof *specs);
+  if (!c->shapes || !specs) {
+    free(specs);
+    return cli_fail(MOEJIT_ERR_OUT_OF_MEMORY, "--check-layer");
   }
-  for (size_t i = 0; !n_configs && s && i < s->n_winners; i++) {
-    const char *name = s->winners[i].shape;
-    moejit_spec spec;
-    int added;
-    check_shape *sh = add_shape(c, name, name, &added);
-    if (added && moejit_spec_load_preset(name, &spec) != MOEJIT_OK)
-      snprintf(sh->skipped, sizeof sh->skipped,
-               "not a preset: give its config with --model to check its layer");
+  moejit_sweep_shape_specs(sweep, specs, n);
+  for (size_t i = 0; i < n; i++) {
+    check_shape *sh = &c->shapes[c->n_shapes++];
+    memset(sh, 0, sizeof *sh);
+    snprintf(sh->name, sizeof sh->name, "%s", specs[i].name);
+    sh->spec = specs[i];
+    sh->spec.n_archs = 1; /* the layer runs on the GPU at hand */
+    snprintf(sh->spec.archs[0], sizeof sh->spec.archs[0], "auto");
   }
+  free(specs);
   for (int i = 0; i < c->n_shapes; i++) {
     check_shape *sh = &c->shapes[i];
-    if (sh->skipped[0]) continue;
     fprintf(stderr, "layer check: %s\n", sh->name);
     int rc = check_shape_layer(c, sh, s);
     if (rc) return rc;

@@ -29,7 +29,7 @@ typedef struct check_point {
 
 typedef struct check_shape {
   char name[MOEJIT_NAME_MAX];
-  const char *config; /* what the layer is loaded from: a config path or a preset name */
+  moejit_spec spec;   /* the layer's: a sweep shape's (a --model config's) */
   char skipped[160];  /* why this shape was not checked, or "" */
   int n;
   check_point p[CHECK_MAX_POINTS];
@@ -50,13 +50,12 @@ typedef struct tune_check {
   char error[512];
 } tune_check;
 
-/* Checks the layer of each model (configs: --model's arguments, n_configs
- * of them; 0: the sweep's shapes in s's winners that are presets) at the
+/* Checks the layer of each of the sweep's shapes (its own, or --model's
+ * configs after moejit_sweep_set_shapes; moejit_sweep_shape_specs) at the
  * winners' token counts in s (s NULL: c->tokens), pins where the table
  * loses. Returns 0, or an exit code after a failure that stopped it
  * (printed). */
-int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const char *const *configs,
-                     int n_configs);
+int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const moejit_sweep *sweep);
 void tune_check_print_text(const tune_check *c);
 void tune_check_print_json(const tune_check *c); /* a JSON value, no newline */
 void tune_check_free(tune_check *c);

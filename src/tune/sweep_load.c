@@ -709,6 +709,12 @@ size_t moejit_sweep_tokens(const moejit_sweep *sweep, int64_t *tokens, size_t ca
   return (size_t)sweep->n_tokens;
 }
 
+size_t moejit_sweep_shape_specs(const moejit_sweep *sweep, moejit_spec *specs, size_t cap) {
+  if (!sweep) return 0;
+  for (size_t i = 0; i < cap && i < (size_t)sweep->n_shapes; i++) specs[i] = sweep->shapes[i].spec;
+  return (size_t)sweep->n_shapes;
+}
+
 _Static_assert(MOEJIT_TUNE_MAX_MODELS == MJ_SWEEP_MAX_SHAPES, "moejit_sweep_set_shapes' limit");
 
 /* Shape i of moejit_sweep_set_shapes: the spec at the sweep's token counts. */

@@ -64,6 +64,14 @@ Test(tune_sweep, shipped_sweeps_load) {
   cr_assert(tok[0] == 1 && tok[1] == 32 && tok[2] == -1, "the first cap only");
   cr_assert_eq(moejit_sweep_tokens(sw, NULL, 0), 5);
   cr_assert_eq(moejit_sweep_tokens(NULL, tok, 3), 0);
+  moejit_spec specs[5];
+  memset(specs, 0, sizeof specs);
+  cr_assert_eq(moejit_sweep_shape_specs(sw, specs, 5), 4);
+  cr_assert_str_eq(specs[1].name, "olmoe-1b-7b");
+  cr_assert_eq(specs[3].experts, 256);
+  cr_assert_eq(moejit_spec_validate(&specs[0]), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(specs[4].hidden, 0, "past the count: untouched");
+  cr_assert_eq(moejit_sweep_shape_specs(NULL, specs, 5), 0);
   const char *want[] = {"qwen3-30b-a3b", "olmoe-1b-7b", "mixtral-8x7b", "deepseek-v3"};
   for (int i = 0; i < 4; i++) {
     cr_assert_str_eq(sw->shapes[i].name, want[i]);

@@ -350,15 +350,19 @@ Test(tune_gpu, check_layer_times_both_ways_and_pins_the_heuristic, .timeout = 60
   cr_log_info("--check-layer pinned %d entries", pins);
   free(out), free(err);
 
-  /* --check-only: the same check of that table, no GEMM timed alone; three
-   * points between two token counts, evenly in log scale (8, 16, 32 between
-   * 4 and 64; 108, 181, 304 between 64 and 512) */
-  const char *only[] = {"tune",    SMOKE, "--check-only", "--out",           table, "--model", cfg,
-                        "--iters", "3",   "--json",       "--check-between", "3",   NULL};
+  /* --check-only: the same check of that table, no GEMM timed alone, for
+   * the sweep's own raw shape (smoke-tiny: the model's d, f, E, k and
+   * dtype, so the same entries); three points between two token counts,
+   * evenly in log scale (8, 16, 32 between 4 and 64; 108, 181, 304 between
+   * 64 and 512) */
+  const char *only[] = {"tune", SMOKE,    "--check-only",    "--out", table, "--iters",
+                        "3",    "--json", "--check-between", "3",     NULL};
   rc = ts_run_cli(only, NULL, &out, &err);
   cr_assert_eq(rc, 0, "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
   cr_expect(ts_json_valid(out), "not one JSON value: %s", out);
-  cr_expect(strstr(out, "\"check_only\":true") && strstr(out, "\"failed\":false"), "%s", out);
+  cr_expect(strstr(out, "\"check_only\":true") && strstr(out, "\"failed\":false") &&
+                strstr(out, "\"shape\":\"smoke-tiny\""),
+            "%s", out);
   cr_expect_eq(ts_count_substr(out, "\"bucket\":true"), 3, "json: %s", out);
   cr_expect_eq(ts_count_substr(out, "\"bucket\":false"), 6,
                "3 between 4 and 64, and 64 and 512: %s", out);
