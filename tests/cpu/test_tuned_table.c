@@ -1120,6 +1120,16 @@ Test(tuned_device, public_choice_exact_nearest_and_not_found) {
 
 /* ---- moejit_tuned_table_pin_heuristic ----------------------------------- */
 
+/* An empty table of device `device` for sm_90a, and qwen3-30b-a3b's spec. */
+static mj_tuned_table empty_table(const char *device, moejit_spec *qwen) {
+  OK(moejit_spec_load_preset("qwen3-30b-a3b", qwen));
+  mj_tuned_table t;
+  memset(&t, 0, sizeof t);
+  mj_strlcpy(t.device, device, sizeof t.device);
+  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  return t;
+}
+
 static char *slurp(const char *path) {
   FILE *f = fopen(path, "rb");
   cr_assert(f, "%s", path);
@@ -1141,11 +1151,7 @@ static mj_tuned_entry pin_key(const moejit_spec *s, const char *kernel, int64_t 
 Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
   char *dir = ts_mkdtemp("pin");
   moejit_spec s;
-  OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
-  mj_tuned_table t;
-  memset(&t, 0, sizeof t);
-  mj_strlcpy(t.device, "Pin Test GPU", sizeof t.device);
-  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  mj_tuned_table t = empty_table("Pin Test GPU", &s);
   const moejit_gemm_cfg odd = ts_tile(128, 128, 64, 4, 8);
   const mj_tuned_entry es[] = {ts_tuned_entry(&s, "gemm1", 32, odd, MOEJIT_GEMM_PATH_WGMMA),
                                ts_tuned_entry(&s, "gemm2", 32, odd, MOEJIT_GEMM_PATH_WGMMA),
@@ -1256,13 +1262,9 @@ Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
  * the end (without it, writers overwrite each other's changes). */
 Test(tuned_table, concurrent_pins_lose_nothing, .timeout = 120) {
   char *dir = ts_mkdtemp("pin-race");
-  moejit_spec s;
-  OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
   enum { kProcs = 8, kPins = 16 };
-  mj_tuned_table t;
-  memset(&t, 0, sizeof t);
-  mj_strlcpy(t.device, "Pin Race GPU", sizeof t.device);
-  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  moejit_spec s;
+  mj_tuned_table t = empty_table("Pin Race GPU", &s);
   const moejit_gemm_cfg odd = ts_tile(128, 128, 64, 4, 8);
   for (int i = 0; i < kProcs * kPins; i++) {
     const mj_tuned_entry e = ts_tuned_entry(&s, "gemm1", 100 + i, odd, MOEJIT_GEMM_PATH_MMA);
@@ -1307,11 +1309,7 @@ Test(tuned_table, concurrent_pins_lose_nothing, .timeout = 120) {
 Test(tuned_table, the_largest_table_round_trips_and_one_more_is_refused, .timeout = 120) {
   char *dir = ts_mkdtemp("tuned-large");
   moejit_spec s;
-  OK(moejit_spec_load_preset("qwen3-30b-a3b", &s));
-  mj_tuned_table t;
-  memset(&t, 0, sizeof t);
-  mj_strlcpy(t.device, "Large Table GPU", sizeof t.device);
-  mj_strlcpy(t.arch, "sm_90a", sizeof t.arch);
+  mj_tuned_table t = empty_table("Large Table GPU", &s);
   for (int i = 0; i < MJ_TUNED_MAX_ENTRIES; i++) {
     mj_tuned_entry e = ts_tuned_entry(&s, i % 2 ? "gemm2" : "gemm1", 1 + i / 2,
                                       ts_tile(128, 256, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
