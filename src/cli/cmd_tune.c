@@ -411,6 +411,15 @@ static int use_models(tune_args *a, moejit_sweep *sweep, char *results, size_t c
   return rc;
 }
 
+/* The layer check of `table` with the options given. */
+static tune_check check_of(const tune_args *a, const char *table) {
+  tune_check c = {.table = table,
+                  .iters = a->iters ? a->iters : 20,
+                  .between = a->check_between,
+                  .tolerance_pct = a->check_tolerance};
+  return c;
+}
+
 /* The check's failure as the exit code (0 when it passed). */
 static int check_rc(const tune_check *check) {
   if (!check->failed) return 0;
@@ -435,14 +444,10 @@ static int check_only(const tune_args *a, const moejit_sweep *sweep) {
             st != MOEJIT_OK ? moejit_last_error() : "the CUDA driver reports no device");
     return CLI_EXIT_FAILURE;
   }
-  int64_t tokens[64];
-  size_t n = moejit_sweep_tokens(sweep, tokens, 64);
-  tune_check check = {.table = a->out,
-                      .tokens = tokens,
-                      .n_tokens = n < 64 ? (int)n : 64,
-                      .iters = a->iters ? a->iters : 20,
-                      .between = a->check_between,
-                      .tolerance_pct = a->check_tolerance};
+  int64_t tokens[CHECK_MAX_BUCKETS];
+  const size_t n = moejit_sweep_tokens(sweep, tokens, CHECK_MAX_BUCKETS);
+  tune_check check = check_of(a, a->out);
+  check.tokens = tokens, check.n_tokens = n < CHECK_MAX_BUCKETS ? (int)n : CHECK_MAX_BUCKETS;
   int rc = tune_check_layer(&check, NULL, sweep);
   if (a->json) {
     printf("{\"sweep\":");
@@ -500,10 +505,7 @@ int cli_tune(int argc, char **argv) {
   clear_bar(&p);
   const int timed = ctx != NULL;
   moejit_ctx_destroy(ctx); /* the layer check makes its own */
-  tune_check check = {.table = s.table_path,
-                      .iters = a.iters ? a.iters : 20,
-                      .between = a.check_between,
-                      .tolerance_pct = a.check_tolerance};
+  tune_check check = check_of(&a, s.table_path);
   const int checking = !st && a.check_layer && timed && s.table_path[0];
   if (checking) rc = tune_check_layer(&check, &s, sweep);
   if (a.json)

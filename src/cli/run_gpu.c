@@ -73,40 +73,42 @@ static moejit_status make_ctx(const gpu_state *g, moejit_ctx **ctx) {
   return moejit_ctx_create(ctx, &opts);
 }
 
+/* One load into ctx: of the config or preset named (its path or name in
+ * the report), or with run_args.result of the spec given. */
+static moejit_status load_one(const gpu_state *g, moejit_ctx *ctx, const moejit_load_opts *o,
+                              moejit_model **m) {
+  if (g->a->result) return moejit_model_load_spec(ctx, g->s, o, m);
+  return moejit_model_load_config(ctx, g->a->preset ? g->a->preset : g->a->config, o, m);
+}
+
 /* The first load compiles or reads the disk cache; the second, in a fresh
  * ctx (its own compiler memory and module memo), is what a warm start of
  * an engine costs. The run keeps the second. */
 static moejit_status load_twice(gpu_state *g) {
-  const char *what = g->a->preset ? g->a->preset : g->a->config;
-  moejit_ctx *first = NULL;
-  moejit_model *m = NULL;
   moejit_load_opts o;
   moejit_load_opts_init(&o);
   o.report = &g->cold;
   o.tuned_table = g->a->tuned_table;
-  if (g->a->result) { /* one load, of the spec given, is enough for the caller */
-    moejit_status st = make_ctx(g, &g->ctx);
-    if (!st) st = moejit_model_load_spec(g->ctx, g->s, &o, &g->model);
-    g->warm = g->cold;
-    if (!st && g->a->vs_heuristic) {
-      o.report = &g->heur_load, o.tuned_disable = 1;
-      st = moejit_model_load_spec(g->ctx, g->s, &o, &g->heur);
-    }
-    return st ? st : moejit_ctx_device_info(g->ctx, &g->dev);
+  moejit_status st = MOEJIT_OK;
+  if (!g->a->result) { /* the cold load, in a ctx of its own (a caller's result needs one load) */
+    moejit_ctx *first = NULL;
+    moejit_model *m = NULL;
+    st = make_ctx(g, &first);
+    if (!st) st = load_one(g, first, &o, &m);
+    if (!st) st = make_ctx(g, &g->ctx); /* before `first` goes: keeps the primary ctx alive */
+    moejit_model_destroy(m);
+    moejit_ctx_destroy(first);
+    o.report = &g->warm;
+  } else {
+    st = make_ctx(g, &g->ctx);
   }
-  moejit_status st = make_ctx(g, &first);
-  if (!st) st = moejit_model_load_config(first, what, &o, &m);
-  if (!st) st = make_ctx(g, &g->ctx); /* before `first` goes: keeps the primary ctx alive */
-  moejit_model_destroy(m);
-  moejit_ctx_destroy(first);
-  if (st) return st;
-  o.report = &g->warm;
-  if ((st = moejit_model_load_config(g->ctx, what, &o, &g->model))) return st;
-  if (g->a->vs_heuristic) {
+  if (!st) st = load_one(g, g->ctx, &o, &g->model);
+  if (g->a->result) g->warm = g->cold;
+  if (!st && g->a->vs_heuristic) {
     o.report = &g->heur_load, o.tuned_disable = 1;
-    if ((st = moejit_model_load_config(g->ctx, what, &o, &g->heur))) return st;
+    st = load_one(g, g->ctx, &o, &g->heur);
   }
-  return moejit_ctx_device_info(g->ctx, &g->dev);
+  return st ? st : moejit_ctx_device_info(g->ctx, &g->dev);
 }
 
 /* The workspace a forward of t tokens needs: the model's, or with

@@ -51,7 +51,7 @@ static void plan_points(check_shape *sh, const tune_check *c, const moejit_tune_
   int64_t t[CHECK_MAX_BUCKETS];
   int n = 0;
   for (size_t i = 0; s && i < s->n_winners; i++)
-    if (!strcmp(s->winners[i].shape, sh->name)) add_token(t, &n, s->winners[i].tokens);
+    if (!strcmp(s->winners[i].shape, sh->spec.name)) add_token(t, &n, s->winners[i].tokens);
   for (int i = 0; !s && i < c->n_tokens; i++) add_token(t, &n, c->tokens[i]);
   qsort(t, (size_t)n, sizeof t[0], cmp_i64);
   sh->n = 0;
@@ -66,17 +66,15 @@ static void plan_points(check_shape *sh, const tune_check *c, const moejit_tune_
   }
 }
 
-typedef enum { RUN_FIRST, RUN_AGAIN, RUN_FINAL } run_kind;
-
-static int wanted(const check_point *p, run_kind k) {
-  if (k == RUN_FIRST) return 1;
+static int wanted(const check_point *p, check_run k) {
+  if (k == CHECK_FIRST) return 1;
   if (p->problem[0]) return 0;
-  return k == RUN_AGAIN ? p->action == kAgain : p->pinned[0] || p->pinned[1];
+  return k == CHECK_AGAIN ? p->action == kAgain : p->pinned[0] || p->pinned[1];
 }
 
 /* Runs the layer (the table's and tables off, interleaved) at the points
  * `k` wants, 16 at a time, and files each point's medians. */
-static int run_layer(tune_check *c, check_shape *sh, run_kind k) {
+static int run_layer(tune_check *c, check_shape *sh, check_run k) {
   int idx[CHECK_MAX_POINTS], n = 0;
   for (int i = 0; i < sh->n; i++)
     if (wanted(&sh->p[i], k)) idx[n++] = i;
@@ -84,7 +82,7 @@ static int run_layer(tune_check *c, check_shape *sh, run_kind k) {
   for (int first = 0; first < n && !rc; first += 16) {
     run_result res;
     memset(&res, 0, sizeof res);
-    run_args a = {.config = sh->name,
+    run_args a = {.config = sh->spec.name,
                   .iters = c->iters,
                   .ep_rank = -1,
                   .ep_device = -1,
@@ -109,13 +107,7 @@ static int run_layer(tune_check *c, check_shape *sh, run_kind k) {
         c->failed = 1;
         continue;
       }
-      double *tuned = k == RUN_FIRST   ? &p->tuned_ms
-                      : k == RUN_AGAIN ? &p->again_tuned_ms
-                                       : &p->final_tuned_ms;
-      double *heur = k == RUN_FIRST   ? &p->heur_ms
-                     : k == RUN_AGAIN ? &p->again_heur_ms
-                                      : &p->final_heur_ms;
-      *tuned = r->graph_ms, *heur = r->heur_ms;
+      p->tuned_ms[k] = r->graph_ms, p->heur_ms[k] = r->heur_ms;
     }
   }
   return rc;
@@ -142,17 +134,17 @@ static int pin_losers(tune_check *c, check_shape *sh, const moejit_tune_summary 
   for (int i = 0; i < sh->n && !rc; i++) {
     check_point *p = &sh->p[i];
     if (p->action != kAgain || p->problem[0]) continue;
-    if (!slower(c, p->again_tuned_ms, p->again_heur_ms)) {
+    if (!slower(c, p->tuned_ms[CHECK_AGAIN], p->heur_ms[CHECK_AGAIN])) {
       p->action = kNoise;
       continue;
     }
     p->action = kPinned;
     for (int which = 1; which <= 2; which++) {
       moejit_status st = moejit_tuned_table_pin_heuristic(
-          c->table, &sh->spec, which, p->tokens, heuristic_us(s, sh->name, which, p->tokens), NULL,
-          NULL, &p->pinned[which - 1]);
+          c->table, &sh->spec, which, p->tokens, heuristic_us(s, sh->spec.name, which, p->tokens),
+          NULL, NULL, &p->pinned[which - 1]);
       if (st) {
-        snprintf(c->error, sizeof c->error, "pinning %s gemm%d at T=%lld: %s", sh->name, which,
+        snprintf(c->error, sizeof c->error, "pinning %s gemm%d at T=%lld: %s", sh->spec.name, which,
                  (long long)p->tokens, moejit_last_error());
         c->failed = 1;
         return cli_fail(st, "--check-layer");
@@ -169,13 +161,14 @@ static int check_shape_layer(tune_check *c, check_shape *sh, const moejit_tune_s
     snprintf(sh->skipped, sizeof sh->skipped, "no winners in this run");
     return 0;
   }
-  int rc = run_layer(c, sh, RUN_FIRST);
+  int rc = run_layer(c, sh, CHECK_FIRST);
   for (int i = 0; i < sh->n && !rc; i++) /* marked for the confirming run */
-    if (!sh->p[i].problem[0] && slower(c, sh->p[i].tuned_ms, sh->p[i].heur_ms))
+    if (!sh->p[i].problem[0] &&
+        slower(c, sh->p[i].tuned_ms[CHECK_FIRST], sh->p[i].heur_ms[CHECK_FIRST]))
       sh->p[i].action = kAgain;
-  if (!rc) rc = run_layer(c, sh, RUN_AGAIN);
+  if (!rc) rc = run_layer(c, sh, CHECK_AGAIN);
   if (!rc) rc = pin_losers(c, sh, s);
-  if (!rc) rc = run_layer(c, sh, RUN_FINAL);
+  if (!rc) rc = run_layer(c, sh, CHECK_FINAL);
   return rc;
 }
 
@@ -191,7 +184,6 @@ int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const moejit_s
   for (size_t i = 0; i < n; i++) {
     check_shape *sh = &c->shapes[c->n_shapes++];
     memset(sh, 0, sizeof *sh);
-    snprintf(sh->name, sizeof sh->name, "%s", specs[i].name);
     sh->spec = specs[i];
     sh->spec.n_archs = 1; /* the layer runs on the GPU at hand */
     snprintf(sh->spec.archs[0], sizeof sh->spec.archs[0], "auto");
@@ -199,7 +191,7 @@ int tune_check_layer(tune_check *c, const moejit_tune_summary *s, const moejit_s
   free(specs);
   for (int i = 0; i < c->n_shapes; i++) {
     check_shape *sh = &c->shapes[i];
-    fprintf(stderr, "layer check: %s\n", sh->name);
+    fprintf(stderr, "layer check: %s\n", sh->spec.name);
     int rc = check_shape_layer(c, sh, s);
     if (rc) return rc;
   }
@@ -220,22 +212,23 @@ void tune_check_print_text(const tune_check *c) {
   for (int i = 0; i < c->n_shapes; i++) {
     const check_shape *sh = &c->shapes[i];
     if (sh->skipped[0]) {
-      printf("%-16s skipped: %s\n", sh->name, sh->skipped);
+      printf("%-16s skipped: %s\n", sh->spec.name, sh->skipped);
       continue;
     }
     for (int j = 0; j < sh->n; j++) {
       const check_point *p = &sh->p[j];
-      printf("%-16s %7lld %-7s %9.4f %9.4f %7.3fx  %s", sh->name, (long long)p->tokens,
-             p->bucket ? "bucket" : "between", p->tuned_ms, p->heur_ms,
-             ratio(p->heur_ms, p->tuned_ms), p->action);
-      if (p->again_tuned_ms > 0)
-        printf(" (again %.3fx)", ratio(p->again_heur_ms, p->again_tuned_ms));
+      printf("%-16s %7lld %-7s %9.4f %9.4f %7.3fx  %s", sh->spec.name, (long long)p->tokens,
+             p->bucket ? "bucket" : "between", p->tuned_ms[CHECK_FIRST], p->heur_ms[CHECK_FIRST],
+             ratio(p->heur_ms[CHECK_FIRST], p->tuned_ms[CHECK_FIRST]), p->action);
+      if (p->tuned_ms[CHECK_AGAIN] > 0)
+        printf(" (again %.3fx)", ratio(p->heur_ms[CHECK_AGAIN], p->tuned_ms[CHECK_AGAIN]));
       if (p->pinned[0] || p->pinned[1])
         printf(": gemm%s; now %.4f / %.4f ms, %.3fx",
                p->pinned[0] && p->pinned[1] ? "1 and gemm2"
                : p->pinned[0]               ? "1"
                                             : "2",
-               p->final_tuned_ms, p->final_heur_ms, ratio(p->final_heur_ms, p->final_tuned_ms));
+               p->tuned_ms[CHECK_FINAL], p->heur_ms[CHECK_FINAL],
+               ratio(p->heur_ms[CHECK_FINAL], p->tuned_ms[CHECK_FINAL]));
       if (p->problem[0] && p->action == kFailed) printf(": %s", p->problem);
       printf("\n");
     }
@@ -254,7 +247,7 @@ void tune_check_print_json(const tune_check *c) {
   for (int i = 0; i < c->n_shapes; i++) {
     const check_shape *sh = &c->shapes[i];
     printf("%s{\"shape\":", i ? "," : "");
-    cli_json_str(stdout, sh->name);
+    cli_json_str(stdout, sh->spec.name);
     printf(",\"skipped\":");
     cli_json_str(stdout, sh->skipped);
     printf(",\"points\":[");
@@ -264,9 +257,10 @@ void tune_check_print_json(const tune_check *c) {
           "%s{\"tokens\":%lld,\"bucket\":%s,\"tuned_ms\":%.6f,\"heuristic_ms\":%.6f,"
           "\"again_tuned_ms\":%.6f,\"again_heuristic_ms\":%.6f,\"pinned_gemm1\":%s,"
           "\"pinned_gemm2\":%s,\"final_tuned_ms\":%.6f,\"final_heuristic_ms\":%.6f,\"action\":",
-          j ? "," : "", (long long)p->tokens, p->bucket ? "true" : "false", p->tuned_ms, p->heur_ms,
-          p->again_tuned_ms, p->again_heur_ms, p->pinned[0] ? "true" : "false",
-          p->pinned[1] ? "true" : "false", p->final_tuned_ms, p->final_heur_ms);
+          j ? "," : "", (long long)p->tokens, p->bucket ? "true" : "false",
+          p->tuned_ms[CHECK_FIRST], p->heur_ms[CHECK_FIRST], p->tuned_ms[CHECK_AGAIN],
+          p->heur_ms[CHECK_AGAIN], p->pinned[0] ? "true" : "false", p->pinned[1] ? "true" : "false",
+          p->tuned_ms[CHECK_FINAL], p->heur_ms[CHECK_FINAL]);
       cli_json_str(stdout, p->action);
       printf(",\"problem\":");
       cli_json_str(stdout, p->problem);

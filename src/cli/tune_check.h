@@ -15,21 +15,25 @@
 #define CHECK_MAX_BETWEEN 7 /* points between two buckets (--check-between) */
 #define CHECK_MAX_POINTS (CHECK_MAX_BUCKETS + (CHECK_MAX_BUCKETS - 1) * CHECK_MAX_BETWEEN)
 
+/* The check's runs of a point: every point, the slower ones again, the
+ * pinned ones after their pin. */
+typedef enum { CHECK_FIRST, CHECK_AGAIN, CHECK_FINAL, CHECK_RUNS } check_run;
+
 typedef struct check_point {
   int64_t tokens;
   int bucket; /* 1: a token count of the sweep; 0: between two of them */
-  /* graph replay medians, ms: the first run, the confirming run (only
-   * where the first was slower than the tolerance) and the run after
-   * pinning (only where something was pinned); 0 where not run */
-  double tuned_ms, heur_ms, again_tuned_ms, again_heur_ms, final_tuned_ms, final_heur_ms;
+  /* graph replay medians, ms, per run (check_run): the first, the
+   * confirming one (only where the first was slower than the tolerance) and
+   * the one after pinning (only where something was pinned); 0 where not
+   * run */
+  double tuned_ms[CHECK_RUNS], heur_ms[CHECK_RUNS];
   int pinned[2]; /* gemm1, gemm2: the pin changed the table's choice */
   const char *action;
   char problem[320];
 } check_point;
 
 typedef struct check_shape {
-  char name[MOEJIT_NAME_MAX];
-  moejit_spec spec;   /* the layer's: a sweep shape's (a --model config's) */
+  moejit_spec spec;   /* the layer's, named as the shape: a sweep shape's or a --model config's */
   char skipped[160];  /* why this shape was not checked, or "" */
   int n;
   check_point p[CHECK_MAX_POINTS];

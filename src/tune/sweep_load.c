@@ -11,6 +11,7 @@
 #include "common/common.h"
 #include "config/config.h"
 #include "tune/tune.h"
+#include "tune/tuned_table.h"
 
 typedef struct sl {
   const char *origin;
@@ -444,12 +445,11 @@ static const char *shape_problem(const moejit_sweep *sw, mj_sweep_shape *sh, cha
                                  size_t cap) {
   sh->spec.n_archs = 1;
   mj_strlcpy(sh->spec.archs[0], sw->arch, sizeof sh->spec.archs[0]);
-  const moejit_dtype dt = sh->spec.act_dtype;
-  if (dt != sh->spec.weight_dtype || (dt != MOEJIT_DTYPE_BF16 && dt != MOEJIT_DTYPE_FP16)) {
+  if (!mj_tuned_spec_dtypes_ok(&sh->spec)) {
     snprintf(why, cap,
              "activations %s, weights %s; tuning covers bf16 and fp16 layers with equal "
              "activation and weight dtypes",
-             moejit_dtype_name(dt), moejit_dtype_name(sh->spec.weight_dtype));
+             moejit_dtype_name(sh->spec.act_dtype), moejit_dtype_name(sh->spec.weight_dtype));
     return why;
   }
   if (moejit_spec_validate(&sh->spec) != MOEJIT_OK) {

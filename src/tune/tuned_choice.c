@@ -54,8 +54,7 @@ static moejit_status pin_args(const char *table_path, const moejit_spec *spec, i
                    op, which, (long long)tokens, us);
   moejit_status st = moejit_spec_validate(spec);
   if (st) return mj_fail_prefix(MOEJIT_ERR_INVALID_ARGUMENT, "%s: spec", op);
-  const int ok_dtype = spec->act_dtype == MOEJIT_DTYPE_BF16 || spec->act_dtype == MOEJIT_DTYPE_FP16;
-  if (!ok_dtype || spec->weight_dtype != spec->act_dtype)
+  if (!mj_tuned_spec_dtypes_ok(spec))
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "%s: spec '%s' runs act %s with weight %s; tuned tables hold bf16 or fp16 "
                    "for both",

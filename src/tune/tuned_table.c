@@ -856,6 +856,11 @@ mj_tuned_match mj_tuned_match_of(int64_t bucket, int64_t tokens) {
   return bucket == tokens ? MJ_TUNED_EXACT : MJ_TUNED_NEAREST;
 }
 
+int mj_tuned_spec_dtypes_ok(const moejit_spec *spec) {
+  const moejit_dtype dt = spec->act_dtype;
+  return dt == spec->weight_dtype && (dt == MOEJIT_DTYPE_BF16 || dt == MOEJIT_DTYPE_FP16);
+}
+
 int mj_tuned_entry_shape_is(const mj_tuned_entry *e, const char *kernel, const moejit_spec *spec) {
   return !strcmp(e->kernel, kernel) && e->dtype == spec->act_dtype &&
          e->dtype == spec->weight_dtype && e->hidden == spec->hidden &&

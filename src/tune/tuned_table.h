@@ -124,6 +124,10 @@ int mj_tuned_bucket_better(int64_t a, int64_t b, int64_t tokens);
 /* EXACT when bucket == tokens, else NEAREST. */
 mj_tuned_match mj_tuned_match_of(int64_t bucket, int64_t tokens);
 
+/* 1 when spec's dtypes are ones a table holds: activation and weight both
+ * bf16 or both fp16 (what the tuner tunes and a pin writes). */
+int mj_tuned_spec_dtypes_ok(const moejit_spec *spec);
+
 /* 1 when e is for `kernel` and spec's shape: d, f, E, k, and act and
  * weight dtypes both e->dtype. */
 int mj_tuned_entry_shape_is(const mj_tuned_entry *e, const char *kernel, const moejit_spec *spec);
