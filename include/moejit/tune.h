@@ -148,6 +148,13 @@ typedef struct moejit_tune_opts {
    * does not pick the winner. 0: the sweep's `timing.runoff` (default 3);
    * < 0: no runoff. */
   int runoff;
+  /* 1: this run's winners replace the table's pinned entries too (those a
+   * layer check pinned to the heuristic, moejit_tuned_table_pin_heuristic).
+   * 0: a pinned entry keeps its plan and the point's winner is not written
+   * there (summary.table_pinned_kept counts them); `moejit tune
+   * --check-layer` sets it, as its check pins again where the layer still
+   * loses. */
+  int replace_pinned;
 } moejit_tune_opts;
 
 /* Extra timings of each finalist in the runoff (moejit_tune_opts.runoff),
@@ -216,6 +223,9 @@ typedef struct moejit_tune_summary {
    * summary: release with moejit_tune_summary_free. */
   moejit_tune_winner *winners;
   size_t n_winners;
+  /* Winners not written because the table's entry for their point is
+   * pinned (moejit_tune_opts.replace_pinned 0). */
+  size_t table_pinned_kept;
 } moejit_tune_summary;
 
 /* Runs a sweep: enumerate and prune candidates, compile every remaining

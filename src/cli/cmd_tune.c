@@ -49,6 +49,10 @@ static void tune_usage(FILE *f) {
           "  --keep-within PCT     keep a table entry's configuration where this run timed\n"
           "                        it within PCT percent of the winner (default 0: the\n"
           "                        winner always replaces it)\n"
+          "  --replace-pinned      let this run's winners replace the table's pinned\n"
+          "                        entries too (those a layer check pinned to the\n"
+          "                        heuristic; kept by default; --check-layer replaces\n"
+          "                        them and pins again where the layer still loses)\n"
           "  --runoff N            re-time each point's N fastest candidates, the built-in\n"
           "                        choice (and with --keep-within the table's entry) twice\n"
           "                        more, interleaved, and keep each one's median (default:\n"
@@ -76,6 +80,7 @@ typedef struct tune_args {
   const char *models[MOEJIT_TUNE_MAX_MODELS];
   int n_models;
   int jobs, warmup, iters, json, dry_run, compile_only, no_table, check_layer, check_only;
+  int replace_pinned;
   int check_between;
   int runoff; /* -1: not given */
   double budget, keep_within, check_tolerance;
@@ -135,6 +140,8 @@ static int parse_args(int argc, char **argv, tune_args *a) {
     } else if (cli_opt_value(argc, argv, &i, "--check-between", &v, &bad)) {
       if (bad || !cli_parse_int("--check-between", v, 1, CHECK_MAX_BETWEEN, &a->check_between))
         return CLI_EXIT_USAGE;
+    } else if (cli_flag(argv, i, "--replace-pinned")) {
+      a->replace_pinned = 1;
     } else if (cli_flag(argv, i, "--check-layer")) {
       a->check_layer = 1;
     } else if (cli_flag(argv, i, "--check-only")) {
@@ -155,6 +162,11 @@ static int parse_args(int argc, char **argv, tune_args *a) {
     fprintf(stderr,
             "moejit: --check-layer times the layer with the table this run writes; leave out "
             "--no-table, --dry-run and --compile-only\n");
+    return CLI_EXIT_USAGE;
+  }
+  if (a->replace_pinned && (a->no_table || a->check_only)) {
+    fprintf(stderr, "moejit: --replace-pinned: %s writes no winners into a table; leave it out\n",
+            a->no_table ? "--no-table" : "--check-only");
     return CLI_EXIT_USAGE;
   }
   if (a->check_only && !a->out) {
@@ -300,6 +312,11 @@ static void print_summary(const moejit_tune_summary *s, const tune_args *a, cons
         "within --keep-within of the winner); model loading reads it from "
         "$MOEJIT_TUNED_DIR, or embedded after a rebuild\n",
         s->table_path, s->table_entries, s->table_kept);
+  if (s->table_pinned_kept)
+    printf(
+        "%zu point(s) kept the table's pinned entry (a layer check pinned the heuristic "
+        "there); --replace-pinned or --check-layer lets a winner replace it\n",
+        s->table_pinned_kept);
 }
 
 static void json_reasons(const moejit_tune_summary *s) {
@@ -355,7 +372,8 @@ static void print_json(const moejit_tune_summary *s, moejit_status st, const tun
   cli_json_str(stdout, s->results_dir);
   printf(",\"table_path\":");
   cli_json_str(stdout, s->table_path);
-  printf(",\"table_entries\":%zu,\"table_kept\":%zu,", s->table_entries, s->table_kept);
+  printf(",\"table_entries\":%zu,\"table_kept\":%zu,\"table_pinned_kept\":%zu,", s->table_entries,
+         s->table_kept, s->table_pinned_kept);
   json_winners(s);
   if (check) {
     printf(",\"layer_check\":");
@@ -497,6 +515,7 @@ int cli_tune(int argc, char **argv) {
   moejit_tune_opts_init(&o);
   o.out_table = a.out, o.results_dir = a.results, o.jobs = a.jobs, o.budget_seconds = a.budget;
   o.keep_within = a.keep_within;
+  o.replace_pinned = a.replace_pinned || a.check_layer; /* the check pins again */
   o.runoff = a.runoff < 0 ? 0 : a.runoff == 0 ? -1 : a.runoff;
   o.warmup = a.warmup, o.iters = a.iters, o.arch = a.arch, o.dry_run = a.dry_run;
   o.no_table = a.no_table, o.progress = on_progress, o.progress_user = &p;

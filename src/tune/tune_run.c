@@ -719,8 +719,12 @@ static moejit_status fill_table(run *r, const char *path, mj_tuned_table *t) {
     e.experts = w->experts, e.top_k = w->top_k, e.tokens = w->tokens;
     e.cfg = w->cfg, e.path = (moejit_gemm_path)w->path, e.us = w->us,
     e.heuristic_us = w->heuristic_us;
-    const mj_tuned_entry *old = r->o->keep_within > 0 ? mj_tuned_table_find(t, &e) : NULL;
-    if (old && !same_choice(old, &e.cfg, e.path)) {
+    const mj_tuned_entry *old = mj_tuned_table_find(t, &e);
+    if (old && old->pinned && !r->o->replace_pinned) { /* a layer check's pin stays */
+      r->sum->table_pinned_kept++;
+      continue;
+    }
+    if (old && r->o->keep_within > 0 && !same_choice(old, &e.cfg, e.path)) {
       const int at = entry_row(r, 0, r->rows.n, old); /* this run's time of the entry's tile */
       const double us = at < 0 ? 0 : r->rows.rows[at].us;
       if (us > 0 && us <= e.us * (1 + r->o->keep_within / 100)) {

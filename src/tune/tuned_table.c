@@ -33,14 +33,14 @@ static const unsigned char top_required[TK_COUNT] = {1, 0, 0, 0, 0, 1};
 enum {
   EK_KERNEL, EK_DTYPE, EK_HIDDEN, EK_WIDTH, EK_EXPERTS, EK_TOP_K, EK_TOKENS, EK_TILE,
   EK_STAGES, EK_WARPS, EK_CLUSTER, EK_RASTER, EK_PATH, EK_US, EK_HEURISTIC_US, EK_SCHEDULE,
-  EK_COUNT
+  EK_PINNED, EK_COUNT
 };
 static const char *const entry_keys[EK_COUNT] = {
     "kernel", "dtype", "hidden", "expert_width", "experts", "top_k", "tokens",      "tile",
     "stages", "warps", "cluster", "raster",      "path",    "us",    "heuristic_us",
-    "schedule"};
+    "schedule", "pinned"};
 static const unsigned char entry_required[EK_COUNT] = {1, 1, 1, 1, 1, 1, 1, 1,
-                                                       1, 1, 0, 0, 1, 1, 0, 0};
+                                                       1, 1, 0, 0, 1, 1, 0, 0, 0};
 /* clang-format on */
 
 static const char *const kernel_names[] = {"gemm1", "gemm2"};
@@ -53,6 +53,7 @@ static const char *const path_names[] = {"mma", "wgmma", "gemv"};
 static const moejit_gemm_path path_values[] = {MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
                                                MOEJIT_GEMM_PATH_GEMV};
 static const char *const raster_names[] = {"along_m", "along_n"};
+static const char *const pinned_names[] = {"false", "true"};
 
 static void join(const char *const *names, size_t n, char *buf, size_t cap) {
   size_t o = 0;
@@ -154,6 +155,8 @@ static int entry_problem(const mj_tuned_entry *e, int *key, char *why, size_t ca
     return *key = EK_HEURISTIC_US,
            out_of(why, cap, "%g is out of range (allowed a time > 0, or 0: unknown)",
                   e->heuristic_us);
+  if (e->pinned != 0 && e->pinned != 1)
+    return *key = EK_PINNED, out_of(why, cap, "value %d is not a flag (allowed 0 or 1)", e->pinned);
   return 0;
 }
 
@@ -360,6 +363,10 @@ static moejit_status parse_entry_values(const tparser *P, const mj_yaml_node **v
   if (v[EK_HEURISTIC_US] &&
       (st = get_double(P, v[EK_HEURISTIC_US], AT(EK_HEURISTIC_US), &e->heuristic_us)))
     return st;
+  if (v[EK_PINNED]) {
+    if ((st = get_enum(P, v[EK_PINNED], AT(EK_PINNED), pinned_names, 2, &idx))) return st;
+    e->pinned = (int)idx;
+  }
 #undef AT
   return MOEJIT_OK;
 }
@@ -565,7 +572,7 @@ static void put_entry(mj_buf *b, const mj_tuned_entry *e) {
   put_double(b, e->us);
   mj_buf_puts(b, ", heuristic_us: ");
   put_double(b, e->heuristic_us);
-  mj_buf_puts(b, "}\n");
+  mj_buf_puts(b, e->pinned ? ", pinned: true}\n" : "}\n");
 }
 
 static moejit_status check_header(const mj_tuned_table *t, const char *op) {

@@ -16,7 +16,7 @@
  * pins between buckets included): a table is read with a YAML node limit of
  * MJ_TUNED_NODES_PER_ENTRY each, and at most MJ_TUNED_MAX_BYTES of text. */
 #define MJ_TUNED_MAX_ENTRIES 4096
-#define MJ_TUNED_NODES_PER_ENTRY 40
+#define MJ_TUNED_NODES_PER_ENTRY 44
 #define MJ_TUNED_MAX_BYTES ((size_t)4 << 20)
 
 /* One winner: kernel "gemm1" or "gemm2", for act = weight dtype `dtype`,
@@ -32,6 +32,9 @@ typedef struct mj_tuned_entry {
   moejit_gemm_path path; /* MOEJIT_GEMM_PATH_MMA, _WGMMA or _GEMV: run exactly this */
   double us;             /* its median time, microseconds */
   double heuristic_us;   /* the built-in choice's median in the same run; 0: unknown */
+  int pinned;            /* 1: a layer check put the heuristic's plan here
+                            (moejit_tuned_table_pin_heuristic); a re-tune keeps
+                            it unless told to replace pinned entries */
 } mj_tuned_entry;
 
 typedef struct mj_tuned_table {

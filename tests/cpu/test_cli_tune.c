@@ -53,6 +53,7 @@ Test(cli_tune, no_gpu_compiles_and_exits_0) {
   cr_assert(ts_json_valid(out), "not JSON: %s", out);
   cr_assert(strstr(out, "\"timed\":false"), "%s", out);
   cr_assert(strstr(out, "\"kernels\":12,\"cache_hits\":12,\"compiled\":0"), "%s", out);
+  cr_assert(strstr(out, "\"table_kept\":0,\"table_pinned_kept\":0,"), "%s", out);
   free(out), free(err);
 }
 
@@ -150,7 +151,8 @@ Test(cli_tune, options) {
   cr_assert(strstr(out, "--runoff N"), "%s", out);
   cr_assert(strstr(out, "--model CONFIG"), "%s", out);
   cr_assert(strstr(out, "--check-layer") && strstr(out, "--check-tolerance PCT") &&
-                strstr(out, "--check-between N") && strstr(out, "--check-only"),
+                strstr(out, "--check-between N") && strstr(out, "--check-only") &&
+                strstr(out, "--replace-pinned"),
             "%s", out);
   free(out);
   cr_assert_eq(ts_run_cli((const char *const[]){"tune", NULL}, no_gpu_env, NULL, &err), 2);
@@ -186,6 +188,12 @@ Test(cli_tune, options) {
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--out", t, "--model", "olmoe-1b-7b"), 1);
   cr_assert(strstr(err, "needs a GPU") && strstr(err, "libcuda"), "%s", err);
   free(err), free(t);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--replace-pinned", "--no-table"), 2);
+  cr_assert(strstr(err, "--replace-pinned") && strstr(err, "--no-table"), "%s", err);
+  free(err);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--replace-pinned", "--check-only", "--out", "t.yaml"), 2);
+  cr_assert(strstr(err, "--replace-pinned") && strstr(err, "--check-only"), "%s", err);
+  free(err);
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-between", "8"), 2);
   cr_assert(strstr(err, "--check-between"), "%s", err);
   free(err);

@@ -1084,6 +1084,61 @@ Test(tune_engine, keep_within_keeps_close_entries_and_replaces_the_rest) {
   moejit_tune_summary_free(&again);
 }
 
+/* A layer check's pins survive a re-tune: the winner of a pinned point is
+ * not written there (and is counted), every other point is; with
+ * replace_pinned (what --check-layer sets) the winner replaces the pin and
+ * the entry is no longer marked. */
+Test(tune_engine, pinned_entries_survive_a_retune_unless_replaced) {
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_summary first;
+  cr_assert_eq(run(&f, 0, &first), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tune_rows rows;
+  read_results(&rows);
+  const mj_tune_row *pinned_row = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_MMA, 64);
+  const mj_tune_row *win1 = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_WGMMA, 64);
+  cr_assert(pinned_row->us > win1->us, "the pin must not be the winner");
+
+  mj_tuned_table t;
+  cr_assert_eq(mj_tuned_table_load_file(table, &t), MOEJIT_OK, "%s", moejit_last_error());
+  const size_t n_before = t.n;
+  mj_tuned_entry e = entry_from_row(pinned_row);
+  e.us = 0, e.pinned = 1;
+  cr_assert_eq(mj_tuned_table_put(&t, &e), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(mj_tuned_table_write(&t, table), MOEJIT_OK, "%s", moejit_last_error());
+  mj_tuned_table_free(&t);
+
+  const mj_sweep_shape *sh = &sweep->shapes[0];
+  for (int replace = 0; replace < 2; replace++) {
+    fake f2 = {.wrong_tile_m = 16};
+    moejit_tune_opts o;
+    moejit_tune_opts_init(&o);
+    o.results_dir = results, o.out_table = table, o.runoff = -1, o.replace_pinned = replace;
+    mj_tune_backend be = backend(&f2);
+    moejit_tune_summary again;
+    cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &again), MOEJIT_OK, "%s", moejit_last_error());
+    cr_expect_eq(again.table_pinned_kept, replace ? 0u : 1u, "replace_pinned %d", replace);
+    cr_expect_eq(again.table_entries, first.n_winners - (replace ? 0 : 1));
+    cr_assert_eq(mj_tuned_table_load_file(table, &t), MOEJIT_OK, "%s", moejit_last_error());
+    cr_expect_eq(t.n, n_before, "no entry added or lost");
+    mj_tuned_match m;
+    const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &sh->spec, 64, &m);
+    cr_assert(got && m == MJ_TUNED_EXACT);
+    if (!replace) {
+      cr_expect(got->pinned && got->path == MOEJIT_GEMM_PATH_MMA && got->us == 0,
+                "the pin stays as it was");
+    } else {
+      cr_expect(!got->pinned && got->path == MOEJIT_GEMM_PATH_WGMMA, "the winner replaces it");
+      cr_expect_float_eq(got->us, win1->us, 1e-3);
+    }
+    got = mj_tuned_lookup(&t, "gemm2", &sh->spec, 64, &m);
+    cr_expect(got && !got->pinned && got->path == MOEJIT_GEMM_PATH_WGMMA, "other points written");
+    mj_tuned_table_free(&t);
+    moejit_tune_summary_free(&again);
+  }
+  mj_tune_rows_free(&rows);
+  moejit_tune_summary_free(&first);
+}
+
 /* A measured wgmma row of the smoke shape (512 x 256, 8 experts, top-2,
  * bf16) on a fake GPU: GEMM `which` at `tokens`, `us` with cfg. */
 static mj_tune_row tiny_wgmma_row(int which, int64_t tokens, double us, moejit_gemm_cfg cfg) {

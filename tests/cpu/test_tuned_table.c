@@ -56,6 +56,7 @@ static mj_tuned_entry random_entry(ts_rng *r) {
                                 MOEJIT_GEMM_PATH_GEMV}[ts_next(r) % 3];
   e.us = ts_uniform(r, 0.5, 5000.0);
   e.heuristic_us = ts_next(r) % 4 ? ts_uniform(r, 0.5, 5000.0) : 0.0;
+  e.pinned = ts_next(r) % 4 == 0;
   return e;
 }
 
@@ -79,6 +80,7 @@ static void expect_same_entry(const mj_tuned_entry *a, const mj_tuned_entry *b, 
   cr_expect(a->us == b->us, "entry %zu: us %.17g became %.17g", i, a->us, b->us);
   cr_expect(a->heuristic_us == b->heuristic_us, "entry %zu: heuristic_us %.17g became %.17g", i,
             a->heuristic_us, b->heuristic_us);
+  cr_expect_eq(a->pinned, b->pinned, "entry %zu: pinned", i);
 }
 
 /* ---- parse / write ------------------------------------------------------------- */
@@ -272,10 +274,12 @@ Test(tuned_table, write_refuses_what_parse_would_refuse) {
 
 /* One entry in block style, each key on its own line (line 3 onward), with
  * `key` given the text `value` (NULL: left out) or `extra` appended. */
-static const char *const kKeys[] = {"kernel", "dtype", "hidden", "expert_width", "experts", "top_k",
-                                    "tokens", "tile",  "stages", "warps",        "path",    "us"};
-static const char *const kValues[] = {"gemm1", "bf16",         "2048", "768", "128",   "8",
-                                      "1",     "[64, 64, 64]", "8",    "8",   "wgmma", "21.3"};
+static const char *const kKeys[] = {"kernel", "dtype",  "hidden", "expert_width", "experts",
+                                    "top_k",  "tokens", "tile",   "stages",       "warps",
+                                    "path",   "us",     "pinned"};
+/* NULL: the key is left out unless a test gives it a value */
+static const char *const kValues[] = {"gemm1",        "bf16", "2048", "768",   "128",  "8", "1",
+                                      "[64, 64, 64]", "8",    "8",    "wgmma", "21.3", NULL};
 
 static char *entry_text(const char *key, const char *value, const char *extra) {
   mj_buf b = {0};
@@ -331,6 +335,7 @@ Test(tuned_table, the_template_entry_parses) {
   cr_expect_eq(e->path, MOEJIT_GEMM_PATH_WGMMA);
   cr_expect_eq(e->us, 21.3);
   cr_expect_eq(e->heuristic_us, 0);
+  cr_expect_eq(e->pinned, 0, "not pinned where the key is left out");
   mj_tuned_table_free(&t);
   free(text);
 }
@@ -414,6 +419,35 @@ Test(tuned_table, out_of_range_values_name_their_position) {
   expect_value_error("hidden", "02048", "decimal integer");
   expect_value_error("experts", "99999999999", "32 bits");
   expect_value_error("stages", "2.5", "integer");
+  expect_value_error("pinned", "yes", "allowed false, true");
+  expect_value_error("pinned", "1", "allowed false, true");
+}
+
+/* `pinned: true` marks an entry a layer check pinned; written only where
+ * set, so tables without pins keep their bytes; `pinned: false` reads as
+ * unpinned. */
+Test(tuned_table, pinned_parses_and_is_written_only_where_set) {
+  const char *const values[] = {"true", "false"};
+  for (int i = 0; i < 2; i++) {
+    char *text = entry_text("pinned", values[i], NULL);
+    mj_tuned_table t;
+    OK(mj_tuned_table_parse(text, strlen(text), "pin.yaml", &t));
+    cr_assert_eq(t.n, 1);
+    cr_expect_eq(t.entries[0].pinned, i == 0, "pinned: %s", values[i]);
+    char *dir = ts_mkdtemp("tuned-pinned"), path[1200];
+    snprintf(path, sizeof path, "%s/t.yaml", dir);
+    OK(mj_tuned_table_write(&t, path));
+    char *out = NULL;
+    size_t len = 0;
+    OK(mj_read_file(path, &out, &len));
+    cr_expect_eq(strstr(out, "pinned: true}") != NULL, i == 0, "%s", out);
+    cr_expect_null(strstr(out, "pinned: false"), "%s", out);
+    free(out);
+    mj_tuned_table_free(&t);
+    free(text);
+    ts_rmtree(dir);
+    free(dir);
+  }
 }
 
 Test(tuned_table, structure_errors_name_their_position) {
@@ -1179,9 +1213,11 @@ Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
   cr_assert(e);
   cr_expect(mj_gemm_cfg_equal(&e->cfg, &want) && e->path == want_path);
   cr_expect(e->us == 12.5 && e->heuristic_us == 12.5);
+  cr_expect_eq(e->pinned, 1, "a pin is marked, so that a re-tune keeps it");
   for (size_t i = 1; i < MJ_ARRAY_LEN(es); i++) {
     const mj_tuned_entry *o = mj_tuned_table_find(&t, &es[i]);
     cr_expect(o && mj_gemm_cfg_equal(&o->cfg, &odd) && o->path == es[i].path, "entry %zu kept", i);
+    cr_expect(o && !o->pinned, "entry %zu not marked", i);
   }
   mj_tuned_table_free(&t);
 
@@ -1314,6 +1350,9 @@ Test(tuned_table, the_largest_table_round_trips_and_one_more_is_refused, .timeou
     mj_tuned_entry e = ts_tuned_entry(&s, i % 2 ? "gemm2" : "gemm1", 1 + i / 2,
                                       ts_tile(128, 256, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
     e.hidden = 1024 + 8 * (i % 64); /* several shapes */
+    e.cfg.cluster_m = 2, e.cfg.raster = MOEJIT_RASTER_ALONG_N; /* every optional key, */
+    e.cfg.schedule = MOEJIT_SCHEDULE_PINGPONG, e.pinned = 1;   /* the most YAML nodes */
+    e.heuristic_us = 1.5;
     OK(mj_tuned_table_put(&t, &e));
   }
   char path[1200];
