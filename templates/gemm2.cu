@@ -225,26 +225,95 @@ template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
   }
 };
 
+// The block-combined form: where the active experts divide the block's
+// warps and one round covers every column group, a block takes whole
+// column groups (warp w: active expert w % active of the block's group
+// w / active), each warp puts its rows' sums in shared memory instead of
+// fp32 partial rows in global memory, and after one barrier the block
+// combines its groups with the same arithmetic in the same j order as
+// mj_decode2_unit's last unit: the same bits, without the global counter's
+// round trip and the partials' store and reload.
+typedef float mj_decode2_sums[kGemvPassRows][kGemvWarps * kGemv2Cols];
+
+template <typename AT, typename WT>
+struct mj_decode2_smem_unit {
+  const AT *h;
+  const WT *w;
+  mj_decode2_sums *sums;
+  int col0;  // the warp's first column in sums: its group's slot in the block * kGemv2Cols
+  template <int R>
+  __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
+    constexpr int C = kGemv2Cols;
+    const int lane = mj_lane_id();
+    const mj_gemv_rows_entries<AT, kExpertWidth, 1> map{h, packed, rows};
+    float acc[C][R];
+    mj_gemm2_gemv_dot<R, AT, WT>(w, e, g * C, map, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows || lane != r) continue;  // lane r stores row r
+#pragma unroll
+      for (int c = 0; c < C; ++c) (*sums)[map.out_row(r)][col0 + c] = acc[c][r];
+    }
+  }
+};
+
+template <typename OT>
+__device__ __forceinline__ void mj_decode2_block_combine(const mj_decode2_sums &sums,
+                                                         const float *wt, int entries,
+                                                         int per_block, OT *__restrict__ out) {
+  constexpr int C = kGemv2Cols, kGroups = kHidden / kGemv2Cols;
+  const int cols = per_block * C, tokens = entries / kTopK;
+  for (int i = threadIdx.x; i < tokens * cols; i += blockDim.x) {
+    const int t = i / cols, col = i % cols, g = blockIdx.x * per_block + col / C;
+    if (g >= kGroups) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int j = 0; j < kTopK; ++j) {
+      const int p = t * kTopK + j;
+      v = fmaf(wt[p], sums[p][col], v);
+    }
+    mj_store1(out + (long long)t * kHidden + g * C + col % C, v);
+  }
+}
+
 template <typename AT, typename WT, typename OT>
 __device__ __forceinline__ void mj_decode_gemm2(const AT *__restrict__ h, const WT *__restrict__ w,
                                                 const int *__restrict__ topk_ids,
                                                 const float *__restrict__ topk_weights, int tokens,
                                                 OT *__restrict__ out, float *__restrict__ part,
-                                                unsigned *__restrict__ counters) {
+                                                unsigned *__restrict__ counters,
+                                                int block_combine) {
   static_assert(kGemvPassRows <= 32 / kGemv2Cols, "decode gemm2: a warp combines a column group");
   if constexpr (!kGemvOk || kTopK > kGemvPassRows) {
     __trap(); // the host keeps these shapes on the unfused layer
   } else {
     __shared__ int ids[kGemvPassRows];
     __shared__ float wt[kGemvPassRows];
+    __shared__ int list[kGemvPassRows], rows[kGemvPassRows], count;
+    __shared__ unsigned packed[kGemvPassRows];
+    __shared__ mj_decode2_sums sums;
     const int entries = min(tokens * kTopK, kGemvPassRows);
     if (threadIdx.x < entries) {
       ids[threadIdx.x] = __ldg(topk_ids + threadIdx.x);
       wt[threadIdx.x] = __ldg(topk_weights + threadIdx.x);
     }
     __syncthreads();
-    mj_decode_for_each(ids, entries, kHidden / kGemv2Cols,
-                       mj_decode2_unit<AT, WT, OT>{h, w, part, counters, wt, out, entries});
+    const int active = mj_decode_experts(ids, entries, list, packed, rows, &count);
+    constexpr int kGroups = kHidden / kGemv2Cols;
+    const int per_block = active > 0 && kGemvWarps % active == 0 ? kGemvWarps / active : 0;
+    if (block_combine && per_block && kGroups <= (int)gridDim.x * per_block) {
+      const int warp = threadIdx.x / 32, slot = warp / active;
+      const int g = blockIdx.x * per_block + slot, a = warp % active;
+      if (g < kGroups)
+        mj_gemv_run_upto<kDecodeMaxRows>(
+            mj_decode2_smem_unit<AT, WT>{h, w, &sums, slot * kGemv2Cols}, list[a], g, packed[a],
+            rows[a]);
+      __syncthreads();
+      mj_decode2_block_combine(sums, wt, entries, per_block, out);
+    } else {
+      mj_decode_units(list, packed, rows, active, kGroups,
+                      mj_decode2_unit<AT, WT, OT>{h, w, part, counters, wt, out, entries});
+    }
   }
 }
 
@@ -254,8 +323,8 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kDecode2BlocksPerSm)
                               const int *__restrict__ topk_ids,
                               const float *__restrict__ topk_weights, int tokens,
                               out_t *__restrict__ out, float *__restrict__ part,
-                              unsigned *__restrict__ counters) {
-  mj_decode_gemm2(h, w, topk_ids, topk_weights, tokens, out, part, counters);
+                              unsigned *__restrict__ counters, int block_combine) {
+  mj_decode_gemm2(h, w, topk_ids, topk_weights, tokens, out, part, counters, block_combine);
 }
 #endif
 

@@ -409,9 +409,10 @@ moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *
  * gemm1.cu) routes (every block, the router's own code), runs GEMM 1 +
  * SwiGLU on x rows directly, zeroes the column-group counters and, where
  * they fit, pulls the active experts' W2 into L2; moejit_layer_decode_gemm2
- * (gemm2.cu) runs GEMM 2 into fp32 partial rows (over xs_y) and the unit
- * completing a column group combines it. No align, no permutation, no
- * combine launch. */
+ * (gemm2.cu) runs GEMM 2 and combines: in each block where a block can hold
+ * whole column groups, else through fp32 partial rows (over xs_y) that the
+ * unit completing a column group sums. No align, no permutation, no combine
+ * launch. */
 int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
                      const mj_gemm_choice *gemm2) {
   if (tokens < 1 || tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS) return 0;
@@ -460,6 +461,15 @@ static int decode_prefetch(void) {
   return mj_env_switch("MOEJIT_DECODE_PREFETCH", 0);
 }
 
+/* Whether GEMM 2 of the decode layer may combine in each block (where the
+ * active experts divide its warps and one round covers every column group:
+ * templates/gemm2.cu) instead of through global partial rows and counters;
+ * $MOEJIT_DECODE_BLOCK_COMBINE=0 keeps the counters everywhere. Both give
+ * the same bits. */
+static int decode_block_combine(void) {
+  return mj_env_switch("MOEJIT_DECODE_BLOCK_COMBINE", 1);
+}
+
 static moejit_status decode_kernel(const moejit_model *m, const mj_gemm_choice *c, int which,
                                    const char *entry, moejit_kernel **k) {
   moejit_spec scratch;
@@ -487,9 +497,9 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   const unsigned grid2[3] = {decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS),
                                            mj_decode2_blocks_per_sm(s->top_k, s->hidden)),
                              1, 1};
-  int prefetch = decode_prefetch();
+  int prefetch = decode_prefetch(), block_combine = decode_block_combine();
   void *p1[] = {&logits, &bias, &x, &w1, &h, &ids, &weights, &tokens, &counters, &w2, &prefetch};
-  void *p2[] = {&h, &w2, &ids, &weights, &tokens, &out, &part, &counters};
+  void *p2[] = {&h, &w2, &ids, &weights, &tokens, &out, &part, &counters, &block_combine};
   st = moejit_kernel_launch(m->ctx, k1, grid1, block, 0, stream, p1);
   if (!st) st = moejit_kernel_launch(m->ctx, k2, grid2, block, 0, stream, p2);
   return st ? mj_model_fail(m, st) : MOEJIT_OK;

@@ -289,13 +289,11 @@ struct mj_decode_no_hook {
   __device__ __forceinline__ void after(const int *, int) const {}
 };
 
-template <class Unit, class Hook = mj_decode_no_hook>
-__device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, int groups,
-                                                   const Unit &unit, const Hook &hook = Hook()) {
-  __shared__ int list[kGemvPassRows], rows[kGemvPassRows], count;
-  __shared__ unsigned packed[kGemvPassRows];
-  const int active = mj_decode_experts(ids, entries, list, packed, rows, &count);
-  hook.before(list, active);
+// The loop over units of experts already found (mj_decode_experts).
+template <class Unit>
+__device__ __forceinline__ void mj_decode_units(const int *list, const unsigned *packed,
+                                                const int *rows, int active, int groups,
+                                                const Unit &unit) {
   const int units = active * groups;
   const int stride = gridDim.x * kGemvWarps;
 #pragma unroll 1
@@ -303,6 +301,16 @@ __device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, 
     const int a = u / groups;
     mj_gemv_run_upto<kDecodeMaxRows>(unit, list[a], u % groups, packed[a], rows[a]);
   }
+}
+
+template <class Unit, class Hook = mj_decode_no_hook>
+__device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, int groups,
+                                                   const Unit &unit, const Hook &hook = Hook()) {
+  __shared__ int list[kGemvPassRows], rows[kGemvPassRows], count;
+  __shared__ unsigned packed[kGemvPassRows];
+  const int active = mj_decode_experts(ids, entries, list, packed, rows, &count);
+  hook.before(list, active);
+  mj_decode_units(list, packed, rows, active, groups, unit);
   hook.after(list, active);
 }
 

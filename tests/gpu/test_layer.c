@@ -509,6 +509,16 @@ static void decode_case(layer_io *io, int64_t tokens, ts_rng *rng, const char *w
   run_eager(io, tokens, NULL, out_d, ids_d, w_d);
   snprintf(label, sizeof label, "%s (decode layer)", what);
   check_output(io, tokens, out_d, ids_d, w_d, rng, label);
+  /* GEMM 2 combining in each block (where the active experts divide the
+   * block's warps and one round covers the columns: k = 8 and 2 at T = 1
+   * below, k = 1 with one expert hot) or through global partials and
+   * counters: the same bits */
+  setenv("MOEJIT_DECODE_BLOCK_COMBINE", "0", 1);
+  run_eager(io, tokens, NULL, out_u, NULL, NULL);
+  unsetenv("MOEJIT_DECODE_BLOCK_COMBINE");
+  cr_assert(memcmp(out_d, out_u, ob) == 0,
+            "%s T=%lld: the block-combined GEMM 2 and the counters' differ", what,
+            (long long)tokens);
   setenv("MOEJIT_LAYER_DECODE", "0", 1);
   cr_assert(!moejit_moe_decode_layer(io->model, tokens), "MOEJIT_LAYER_DECODE=0 ignored");
   run_eager(io, tokens, NULL, out_u, ids_u, w_u);
