@@ -1016,6 +1016,26 @@ static mj_tuned_entry entry_from_row(const mj_tune_row *r) {
   return e;
 }
 
+/* A first run of the fake sweep (results and table written) and its rows. */
+static void first_run(moejit_tune_summary *first, mj_tune_rows *rows) {
+  fake f = {.wrong_tile_m = 16};
+  cr_assert_eq(run(&f, 0, first), MOEJIT_OK, "%s", moejit_last_error());
+  read_results(rows);
+}
+
+/* A re-tune into the same table, resumed from the first run's results (so
+ * nothing is timed again), with keep_within and replace_pinned. */
+static void retune(double keep_within, int replace_pinned, moejit_tune_summary *s) {
+  fake f = {.wrong_tile_m = 16};
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = table;
+  o.keep_within = keep_within, o.replace_pinned = replace_pinned;
+  mj_tune_backend be = backend(&f);
+  cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(f.measures, 0, "resumed: nothing timed again");
+}
+
 /* keep_within: a re-tune (here resumed from the first run's results, so
  * nothing is timed again) keeps an entry whose configuration it timed
  * within the margin of the winner, with this run's time; an entry further
@@ -1023,11 +1043,9 @@ static mj_tuned_entry entry_from_row(const mj_tune_row *r) {
  * winner. In the fake's times the winner (wgmma 64x128) beats mma 64x128
  * by 11% and wgmma 128x128 by 20% at T = 64. */
 Test(tune_engine, keep_within_keeps_close_entries_and_replaces_the_rest) {
-  fake f = {.wrong_tile_m = 16};
   moejit_tune_summary first;
-  cr_assert_eq(run(&f, 0, &first), MOEJIT_OK, "%s", moejit_last_error());
   mj_tune_rows rows;
-  read_results(&rows);
+  first_run(&first, &rows);
   const mj_tune_row *close = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_MMA, 64);
   const mj_tune_row *far = row_of(&rows, 2, 64, MOEJIT_GEMM_PATH_WGMMA, 128);
   const mj_tune_row *win1 = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_WGMMA, 64);
@@ -1049,14 +1067,8 @@ Test(tune_engine, keep_within_keeps_close_entries_and_replaces_the_rest) {
   cr_assert_eq(mj_tuned_table_write(&t, table), MOEJIT_OK, "%s", moejit_last_error());
   mj_tuned_table_free(&t);
 
-  fake f2 = {.wrong_tile_m = 16};
-  moejit_tune_opts o;
-  moejit_tune_opts_init(&o);
-  o.results_dir = results, o.out_table = table, o.keep_within = 15;
-  mj_tune_backend be = backend(&f2);
   moejit_tune_summary again;
-  cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &again), MOEJIT_OK, "%s", moejit_last_error());
-  cr_assert_eq(f2.measures, 0, "resumed: nothing timed again");
+  retune(15, 0, &again);
   cr_assert_eq(again.table_kept, 1);
   cr_assert_eq(again.table_entries, first.n_winners);
 
@@ -1089,11 +1101,9 @@ Test(tune_engine, keep_within_keeps_close_entries_and_replaces_the_rest) {
  * replace_pinned (what --check-layer sets) the winner replaces the pin and
  * the entry is no longer marked. */
 Test(tune_engine, pinned_entries_survive_a_retune_unless_replaced) {
-  fake f = {.wrong_tile_m = 16};
   moejit_tune_summary first;
-  cr_assert_eq(run(&f, 0, &first), MOEJIT_OK, "%s", moejit_last_error());
   mj_tune_rows rows;
-  read_results(&rows);
+  first_run(&first, &rows);
   const mj_tune_row *pinned_row = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_MMA, 64);
   const mj_tune_row *win1 = row_of(&rows, 1, 64, MOEJIT_GEMM_PATH_WGMMA, 64);
   cr_assert(pinned_row->us > win1->us, "the pin must not be the winner");
@@ -1109,13 +1119,8 @@ Test(tune_engine, pinned_entries_survive_a_retune_unless_replaced) {
 
   const mj_sweep_shape *sh = &sweep->shapes[0];
   for (int replace = 0; replace < 2; replace++) {
-    fake f2 = {.wrong_tile_m = 16};
-    moejit_tune_opts o;
-    moejit_tune_opts_init(&o);
-    o.results_dir = results, o.out_table = table, o.runoff = -1, o.replace_pinned = replace;
-    mj_tune_backend be = backend(&f2);
     moejit_tune_summary again;
-    cr_assert_eq(mj_tune_run_backend(sweep, &o, &be, &again), MOEJIT_OK, "%s", moejit_last_error());
+    retune(0, replace, &again);
     cr_expect_eq(again.table_pinned_kept, replace ? 0u : 1u, "replace_pinned %d", replace);
     cr_expect_eq(again.table_entries, first.n_winners - (replace ? 0 : 1));
     cr_assert_eq(mj_tuned_table_load_file(table, &t), MOEJIT_OK, "%s", moejit_last_error());
