@@ -344,6 +344,7 @@ Test(tune_gpu, check_layer_times_both_ways_and_pins_the_heuristic, .timeout = 60
       cr_expect(e->path == want_path && mj_gemm_cfg_equal(&e->cfg, &want),
                 "T=%lld gemm%d holds the heuristic's plan", (long long)tokens, which);
       if (!bucket) cr_expect_eq(e->us, 0, "not timed alone");
+      cr_expect_eq(e->pinned, 1, "T=%lld gemm%d is marked pinned", (long long)tokens, which);
     }
   }
   mj_tuned_table_free(&t);
