@@ -621,7 +621,10 @@ Test(runtime_gpu, create_launch_destroy_cycles_leak_no_device_memory, .timeout =
       cycles, mj_now_ms() - t0, before, after, (long long)after - (long long)before);
   fprintf(stderr, "leak check: %d cycles, free before %zu after %zu, delta %lld bytes\n", cycles,
           before, after, (long long)after - (long long)before);
-  cr_expect_eq(after, before, "device memory leaked: %lld bytes over %d cycles",
+  cr_expect_eq(after, before,
+               "device memory leaked: %lld bytes over %d cycles (the free memory is the "
+               "device's: run this alone, --jobs=1 as ctest does, with no other GPU work; a "
+               "negative leak means someone else freed memory meanwhile)",
                (long long)before - (long long)after, cycles);
   moejit_ctx_destroy(outer);
   ts_rmtree(dir);
