@@ -272,7 +272,9 @@ MOEJIT_API moejit_status moejit_tuned_choice(const char *device_name, const moej
  * load with tuned tables off runs there (its path and tile on the table's
  * arch; spec's kernels: tiles are the heuristic's base), replacing the
  * table's entry for that T, so that no other bucket of the table reaches
- * T. `moejit tune --check-layer` pins where a tuned choice ran the whole
+ * T. The entry is marked `pinned: true`, and a later moejit_tune_run into
+ * the table keeps it (moejit_tune_opts.replace_pinned). `moejit tune
+ * --check-layer` pins where a tuned choice ran the whole
  * layer slower than the heuristic (docs/tune.md). `us`: the GEMM's time
  * alone at that T where it is known (the entry's us and heuristic_us), else
  * 0 ("not timed alone"). *cfg and *path (MMA, WGMMA or GEMV; both may be
