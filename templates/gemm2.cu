@@ -172,6 +172,40 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
 // entries combines the group: out[t, cols] = sum over j of weights[t, j] *
 // part[t * kTopK + j, cols], in j order, fp32, then resets the counter. So
 // the sum's order is fixed whichever unit finishes last: deterministic.
+
+// A decode unit's sums: lane r (< rows) calls store(entry p of row r, its
+// kGemv2Cols fp32 sums). Both forms of the second launch run it.
+template <int R, typename AT, typename WT, class Store>
+__device__ __forceinline__ void mj_decode2_sums_of(const AT *h, const WT *w, int e, int g,
+                                                   unsigned packed, int rows, const Store &store) {
+  constexpr int C = kGemv2Cols;
+  const int lane = mj_lane_id();
+  const mj_gemv_rows_entries<AT, kExpertWidth, 1> map{h, packed, rows};
+  float acc[C][R];
+  mj_gemm2_gemv_dot<R, AT, WT>(w, e, g * C, map, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows || lane != r) continue;  // lane r stores row r
+    float v[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) v[c] = acc[c][r];
+    store(map.out_row(r), v);
+  }
+}
+
+// out[t, col] = sum over j of wt[p] * sum(p), p = t * kTopK + j, in j order,
+// fp32: the one combine both forms share, so they give the same bits.
+template <class Sum>
+__device__ __forceinline__ float mj_decode2_combine(const float *wt, int t, const Sum &sum) {
+  float v = 0.f;
+#pragma unroll
+  for (int j = 0; j < kTopK; ++j) {
+    const int p = t * kTopK + j;
+    v = fmaf(wt[p], sum(p), v);
+  }
+  return v;
+}
+
 template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
   const AT *h;
   const WT *w;
@@ -183,17 +217,9 @@ template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
   template <int R> __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
     constexpr int C = kGemv2Cols;
     const int n0 = g * C, lane = mj_lane_id();
-    const mj_gemv_rows_entries<AT, kExpertWidth, 1> map{h, packed, rows};
-    float acc[C][R];
-    mj_gemm2_gemv_dot<R, AT, WT>(w, e, n0, map, acc);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (r >= rows || lane != r) continue; // lane r stores row r
-      float v[C];
-#pragma unroll
-      for (int c = 0; c < C; ++c) v[c] = acc[c][r];
-      mj_store_floats<float, C>(part + (long long)map.out_row(r) * kHidden + n0, v);
-    }
+    mj_decode2_sums_of<R, AT, WT>(h, w, e, g, packed, rows, [&](int p, const float(&v)[C]) {
+      mj_store_floats<float, C>(part + (long long)p * kHidden + n0, v);
+    });
     // The warp's partials, ordered before lane 0's count by the warp
     // barrier, are released with it; the unit that completes the group
     // acquires every unit's partials with its count, and the barrier passes
@@ -213,12 +239,8 @@ template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
     __syncwarp();
     const int t = lane / C, c = lane % C, tokens = entries / kTopK;
     if (t < tokens) {
-      float v = 0.f;
-#pragma unroll
-      for (int j = 0; j < kTopK; ++j) {
-        const int p = t * kTopK + j;
-        v = fmaf(wt[p], __ldcg(part + (long long)p * kHidden + n0 + c), v);
-      }
+      const float v = mj_decode2_combine(
+          wt, t, [&](int p) { return __ldcg(part + (long long)p * kHidden + n0 + c); });
       mj_store1(out + (long long)t * kHidden + n0 + c, v);
     }
     if (lane == 0) counters[g] = 0u; // ready for the next forward
@@ -243,17 +265,12 @@ struct mj_decode2_smem_unit {
   int col0;  // the warp's first column in sums: its group's slot in the block * kGemv2Cols
   template <int R>
   __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
-    constexpr int C = kGemv2Cols;
-    const int lane = mj_lane_id();
-    const mj_gemv_rows_entries<AT, kExpertWidth, 1> map{h, packed, rows};
-    float acc[C][R];
-    mj_gemm2_gemv_dot<R, AT, WT>(w, e, g * C, map, acc);
+    mj_decode2_sums_of<R, AT, WT>(h, w, e, g, packed, rows,
+                                  [&](int p, const float(&v)[kGemv2Cols]) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (r >= rows || lane != r) continue;  // lane r stores row r
-#pragma unroll
-      for (int c = 0; c < C; ++c) (*sums)[map.out_row(r)][col0 + c] = acc[c][r];
-    }
+                                    for (int c = 0; c < kGemv2Cols; ++c)
+                                      (*sums)[p][col0 + c] = v[c];
+                                  });
   }
 };
 
@@ -266,12 +283,7 @@ __device__ __forceinline__ void mj_decode2_block_combine(const mj_decode2_sums &
   for (int i = threadIdx.x; i < tokens * cols; i += blockDim.x) {
     const int t = i / cols, col = i % cols, g = blockIdx.x * per_block + col / C;
     if (g >= kGroups) continue;
-    float v = 0.f;
-#pragma unroll
-    for (int j = 0; j < kTopK; ++j) {
-      const int p = t * kTopK + j;
-      v = fmaf(wt[p], sums[p][col], v);
-    }
+    const float v = mj_decode2_combine(wt, t, [&](int p) { return sums[p][col]; });
     mj_store1(out + (long long)t * kHidden + g * C + col % C, v);
   }
 }

@@ -32,6 +32,15 @@ TestSuite(cli_tune, .init = setup, .fini = teardown, .timeout = 300);
 #define TUNE(out, err, ...) \
   ts_run_cli((const char *const[]){"tune", __VA_ARGS__, NULL}, no_gpu_env, out, err)
 
+/* `moejit tune SMOKE ARGS...` exits 2 (usage) and its stderr holds w1 and w2. */
+#define USAGE_ERROR(w1, w2, ...)                                             \
+  do {                                                                       \
+    char *e_ = NULL;                                                         \
+    cr_assert_eq(TUNE(NULL, &e_, SMOKE, __VA_ARGS__), 2, "%s", __VA_ARGS__); \
+    cr_assert(strstr(e_, w1) && strstr(e_, w2), "%s", e_);                   \
+    free(e_);                                                                \
+  } while (0)
+
 Test(cli_tune, no_gpu_compiles_and_exits_0) {
   char *out = NULL, *err = NULL;
   int rc = TUNE(&out, &err, SMOKE, "--results", results, "--out", table, "--jobs", "2");
@@ -158,27 +167,15 @@ Test(cli_tune, options) {
   cr_assert_eq(ts_run_cli((const char *const[]){"tune", NULL}, no_gpu_env, NULL, &err), 2);
   cr_assert(strstr(err, "needs a SWEEP"), "%s", err);
   free(err);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--budget-seconds", "-1"), 2);
-  cr_assert(strstr(err, "--budget-seconds"), "%s", err);
-  free(err);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--keep-within", "101"), 2);
-  cr_assert(strstr(err, "--keep-within: '101' is not a percentage"), "%s", err);
-  free(err);
+  USAGE_ERROR("--budget-seconds", "", "--budget-seconds", "-1");
+  USAGE_ERROR("--keep-within: '101' is not a percentage", "", "--keep-within", "101");
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--keep-within", "5%"), 2);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--runoff", "17"), 2);
-  cr_assert(strstr(err, "--runoff"), "%s", err);
-  free(err);
+  USAGE_ERROR("--runoff", "", "--runoff", "17");
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--runoff", "-1"), 2);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--iters", "0"), 2);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-layer", "--no-table"), 2);
-  cr_assert(strstr(err, "--check-layer") && strstr(err, "--no-table"), "%s", err);
-  free(err);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-layer", "--dry-run"), 2);
-  cr_assert(strstr(err, "--check-layer"), "%s", err);
-  free(err);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--model", "olmoe-1b-7b"), 2);
-  cr_assert(strstr(err, "--check-only") && strstr(err, "--out FILE"), "%s", err);
-  free(err);
+  USAGE_ERROR("--check-layer", "--no-table", "--check-layer", "--no-table");
+  USAGE_ERROR("--check-layer", "", "--check-layer", "--dry-run");
+  USAGE_ERROR("--check-only", "--out FILE", "--check-only", "--model", "olmoe-1b-7b");
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--out", "/nonexistent/t.yaml", "--model",
                     "olmoe-1b-7b"),
                1);
@@ -188,19 +185,12 @@ Test(cli_tune, options) {
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--out", t, "--model", "olmoe-1b-7b"), 1);
   cr_assert(strstr(err, "needs a GPU") && strstr(err, "libcuda"), "%s", err);
   free(err), free(t);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--replace-pinned", "--no-table"), 2);
-  cr_assert(strstr(err, "--replace-pinned") && strstr(err, "--no-table"), "%s", err);
-  free(err);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--replace-pinned", "--check-only", "--out", "t.yaml"), 2);
-  cr_assert(strstr(err, "--replace-pinned") && strstr(err, "--check-only"), "%s", err);
-  free(err);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-between", "8"), 2);
-  cr_assert(strstr(err, "--check-between"), "%s", err);
-  free(err);
+  USAGE_ERROR("--replace-pinned", "--no-table", "--replace-pinned", "--no-table");
+  USAGE_ERROR("--replace-pinned", "--check-only", "--replace-pinned", "--check-only", "--out",
+              "t.yaml");
+  USAGE_ERROR("--check-between", "", "--check-between", "8");
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--check-between", "0"), 2);
-  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-tolerance", "-2"), 2);
-  cr_assert(strstr(err, "--check-tolerance: '-2' is not a percentage"), "%s", err);
-  free(err);
+  USAGE_ERROR("--check-tolerance: '-2' is not a percentage", "", "--check-tolerance", "-2");
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--frob"), 2);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, SMOKE), 2, "one SWEEP");
   cr_assert_eq(ts_run_cli((const char *const[]){"--help", NULL}, NULL, &out, NULL), 0);
