@@ -247,22 +247,29 @@ template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
   }
 };
 
-// The block-combined form: where the active experts divide the block's
-// warps and one round covers every column group, a block takes whole
-// column groups (warp w: active expert w % active of the block's group
-// w / active), each warp puts its rows' sums in shared memory instead of
+// The block-combined form: a block takes whole column groups, the
+// ceil(groups / gridDim) consecutive ones from blockIdx * that, and its
+// warps run every active expert's unit of them in turn (unit i: active
+// expert i % active of the block's group i / active; warp w takes i = w,
+// w + 8, ...). Each unit puts its rows' sums in shared memory instead of
 // fp32 partial rows in global memory, and after one barrier the block
 // combines its groups with the same arithmetic in the same j order as
 // mj_decode2_unit's last unit: the same bits, without the global counter's
-// round trip and the partials' store and reload.
-typedef float mj_decode2_sums[kGemvPassRows][kGemvWarps * kGemv2Cols];
+// round trip and the partials' store and reload, whatever the active
+// experts and however many units a warp runs. The host sizes the grid so
+// that each warp runs as many units as the counters' form would
+// (src/ops/layer.c, decode2_block_grid) and a block takes at most
+// kDecode2MaxGroups groups (src/ops/gemm.h mirrors it:
+// MJ_DECODE2_MAX_GROUPS); a grid that asks more keeps the counters.
+enum : int { kDecode2MaxGroups = 32 };
+typedef float mj_decode2_sums[kGemvPassRows][kDecode2MaxGroups * kGemv2Cols];
 
 template <typename AT, typename WT>
 struct mj_decode2_smem_unit {
   const AT *h;
   const WT *w;
   mj_decode2_sums *sums;
-  int col0;  // the warp's first column in sums: its group's slot in the block * kGemv2Cols
+  int col0;  // the unit's first column in sums: its group's slot in the block * kGemv2Cols
   template <int R>
   __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
     mj_decode2_sums_of<R, AT, WT>(h, w, e, g, packed, rows,
@@ -274,17 +281,17 @@ struct mj_decode2_smem_unit {
   }
 };
 
+// out[t, g0 * C + col] for the block's `groups` groups from g0.
 template <typename OT>
 __device__ __forceinline__ void mj_decode2_block_combine(const mj_decode2_sums &sums,
-                                                         const float *wt, int entries,
-                                                         int per_block, OT *__restrict__ out) {
-  constexpr int C = kGemv2Cols, kGroups = kHidden / kGemv2Cols;
-  const int cols = per_block * C, tokens = entries / kTopK;
+                                                         const float *wt, int entries, int g0,
+                                                         int groups, OT *__restrict__ out) {
+  constexpr int C = kGemv2Cols;
+  const int cols = groups * C, tokens = entries / kTopK;
   for (int i = threadIdx.x; i < tokens * cols; i += blockDim.x) {
-    const int t = i / cols, col = i % cols, g = blockIdx.x * per_block + col / C;
-    if (g >= kGroups) continue;
+    const int t = i / cols, col = i % cols;
     const float v = mj_decode2_combine(wt, t, [&](int p) { return sums[p][col]; });
-    mj_store1(out + (long long)t * kHidden + g * C + col % C, v);
+    mj_store1(out + (long long)t * kHidden + g0 * C + col, v);
   }
 }
 
@@ -312,16 +319,19 @@ __device__ __forceinline__ void mj_decode_gemm2(const AT *__restrict__ h, const 
     __syncthreads();
     const int active = mj_decode_experts(ids, entries, list, packed, rows, &count);
     constexpr int kGroups = kHidden / kGemv2Cols;
-    const int per_block = active > 0 && kGemvWarps % active == 0 ? kGemvWarps / active : 0;
-    if (block_combine && per_block && kGroups <= (int)gridDim.x * per_block) {
-      const int warp = threadIdx.x / 32, slot = warp / active;
-      const int g = blockIdx.x * per_block + slot, a = warp % active;
-      if (g < kGroups)
+    const int per_block = (kGroups + (int)gridDim.x - 1) / (int)gridDim.x;
+    if (block_combine && active > 0 && per_block <= kDecode2MaxGroups) {
+      const int g0 = blockIdx.x * per_block;
+      const int groups = max(0, min(per_block, kGroups - g0));
+#pragma unroll 1
+      for (int i = threadIdx.x / 32; i < groups * active; i += kGemvWarps) {
+        const int slot = i / active, a = i % active;
         mj_gemv_run_upto<kDecodeMaxRows>(
-            mj_decode2_smem_unit<AT, WT>{h, w, &sums, slot * kGemv2Cols}, list[a], g, packed[a],
-            rows[a]);
+            mj_decode2_smem_unit<AT, WT>{h, w, &sums, slot * kGemv2Cols}, list[a], g0 + slot,
+            packed[a], rows[a]);
+      }
       __syncthreads();
-      mj_decode2_block_combine(sums, wt, entries, per_block, out);
+      mj_decode2_block_combine(sums, wt, entries, g0, groups, out);
     } else {
       mj_decode_units(list, packed, rows, active, kGroups,
                       mj_decode2_unit<AT, WT, OT>{h, w, part, counters, wt, out, entries});

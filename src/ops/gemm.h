@@ -128,6 +128,10 @@ static inline int mj_decode2_blocks_per_sm(int top_k, int64_t hidden) {
                                                                            : MJ_GEMV_BLOCKS_PER_SM;
 }
 
+/* The most column groups a block of the decode layer's GEMM 2 combines
+ * (templates/gemm2.cu kDecode2MaxGroups): its grid gives no block more. */
+#define MJ_DECODE2_MAX_GROUPS 32
+
 /* Why the wgmma kernel cannot run `which` of spec (any arch), or NULL. */
 const char *mj_gemm_wgmma_blocker(const moejit_spec *spec, int which);
 

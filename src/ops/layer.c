@@ -452,6 +452,27 @@ static unsigned decode_blocks(const moejit_model *m, int64_t units, int per_sm) 
   return (unsigned)((warps + MJ_GEMV_WARPS - 1) / MJ_GEMV_WARPS);
 }
 
+/* Blocks for the decode layer's GEMM 2 combining in each block
+ * (templates/gemm2.cu): block b takes `per` consecutive column groups, all
+ * `active` experts' units of them, run by its warps in turn. `per` is the
+ * most groups whose units keep every warp within the rounds the resident
+ * warps need for all the units (the counters' form runs as many), fewer
+ * if the blocks would then outnumber the resident ones, and at most
+ * MJ_DECODE2_MAX_GROUPS. `active` is the most the entries can reach; where
+ * fewer are active, a block's warps run fewer units. */
+static unsigned decode2_block_grid(const moejit_model *m, int64_t groups, int64_t active,
+                                   int per_sm) {
+  const int64_t blocks = (int64_t)mj_ctx_sm_count(m->ctx) * per_sm;
+  const int64_t units = groups * active;
+  int64_t rounds = (units + blocks * MJ_GEMV_WARPS - 1) / (blocks * MJ_GEMV_WARPS), per;
+  for (;; rounds++) {
+    per = rounds * MJ_GEMV_WARPS / active;
+    if (per >= MJ_DECODE2_MAX_GROUPS || (groups + per - 1) / per <= blocks) break;
+  }
+  if (per > MJ_DECODE2_MAX_GROUPS) per = MJ_DECODE2_MAX_GROUPS;
+  return (unsigned)((groups + per - 1) / per);
+}
+
 /* Whether GEMM 1 of the decode layer pulls the active experts' W2 into L2
  * for GEMM 2: only when $MOEJIT_DECODE_PREFETCH=1 asks for it. It pays only
  * where L2 still holds W2 from the call before (the same layer called again
@@ -461,9 +482,9 @@ static int decode_prefetch(void) {
   return mj_env_switch("MOEJIT_DECODE_PREFETCH", 0);
 }
 
-/* Whether GEMM 2 of the decode layer may combine in each block (where the
- * active experts divide its warps and one round covers every column group:
- * templates/gemm2.cu) instead of through global partial rows and counters;
+/* Whether GEMM 2 of the decode layer combines in each block (its grid:
+ * decode2_block_grid; templates/gemm2.cu) instead of through global partial
+ * rows and counters;
  * $MOEJIT_DECODE_BLOCK_COMBINE=0 keeps the counters everywhere. Both give
  * the same bits. */
 static int decode_block_combine(void) {
@@ -494,10 +515,12 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   const unsigned block[3] = {MJ_GEMV_WARPS * 32u, 1, 1};
   const unsigned grid1[3] = {
       decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS), MJ_GEMV_BLOCKS_PER_SM), 1, 1};
-  const unsigned grid2[3] = {decode_blocks(m, active * (s->hidden / MJ_GEMV2_COLS),
-                                           mj_decode2_blocks_per_sm(s->top_k, s->hidden)),
-                             1, 1};
+  const int64_t groups = s->hidden / MJ_GEMV2_COLS;
+  const int per_sm2 = mj_decode2_blocks_per_sm(s->top_k, s->hidden);
   int prefetch = decode_prefetch(), block_combine = decode_block_combine();
+  const unsigned grid2[3] = {block_combine ? decode2_block_grid(m, groups, active, per_sm2)
+                                           : decode_blocks(m, active * groups, per_sm2),
+                             1, 1};
   void *p1[] = {&logits, &bias, &x, &w1, &h, &ids, &weights, &tokens, &counters, &w2, &prefetch};
   void *p2[] = {&h, &w2, &ids, &weights, &tokens, &out, &part, &counters, &block_combine};
   st = moejit_kernel_launch(m->ctx, k1, grid1, block, 0, stream, p1);

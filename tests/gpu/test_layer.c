@@ -509,9 +509,8 @@ static void decode_case(layer_io *io, int64_t tokens, ts_rng *rng, const char *w
   run_eager(io, tokens, NULL, out_d, ids_d, w_d);
   snprintf(label, sizeof label, "%s (decode layer)", what);
   check_output(io, tokens, out_d, ids_d, w_d, rng, label);
-  /* GEMM 2 combining in each block (where the active experts divide the
-   * block's warps and one round covers the columns: k = 8 and 2 at T = 1
-   * below, k = 1 with one expert hot) or through global partials and
+  /* GEMM 2 combining in each block (the default: whatever the active
+   * experts, one or several units a warp) or through global partials and
    * counters: the same bits */
   setenv("MOEJIT_DECODE_BLOCK_COMBINE", "0", 1);
   run_eager(io, tokens, NULL, out_u, NULL, NULL);
@@ -559,6 +558,13 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
       {"mixtral-8x7b", 1024, 512, 2, MOEJIT_DTYPE_FP16, MOEJIT_DTYPE_FP32, {1, 3, 4, 0}, 4},
       {"qwen3-30b-a3b", 2048, 768, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
       {"deepseek-v3", 1024, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
+      /* eight experts, so the entries share them: k = 3 (two rows an
+       * expert at T = 2; 6 of a block's 8 warps busy), k = 6 (idle warps
+       * in every block) and k = 8 at d = 7168 (several units a warp in
+       * GEMM 2: 1792 column groups) */
+      {"mixtral-8x7b", 1536, 384, 3, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 2, 0}, 2},
+      {"mixtral-8x7b", 2048, 256, 6, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
+      {"mixtral-8x7b", 7168, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     moejit_spec s;
