@@ -155,8 +155,10 @@ template <typename AT, typename WT, int C, bool kEvictFirst = false> struct mj_g
   template <int R> __device__ __forceinline__ void run(int e, int g, int row0, int rows) const {
     run_rows<R>(e, g, mj_gemv_rows_contig<AT, kHidden>{a, row0, rows});
   }
-  template <int R> __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
-    run_rows<R>(e, g, mj_gemv_rows_entries<AT, kHidden, kTopK>{a, packed, rows});
+  template <int R, int kEntries>
+  __device__ __forceinline__ void run(int e, int g, mj_decode_packed<kEntries> packed,
+                                      int rows) const {
+    run_rows<R>(e, g, mj_gemv_rows_entries<AT, kHidden, kTopK, kEntries>{a, packed, rows});
   }
 };
 
@@ -181,7 +183,9 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
 #endif
 
 // ---- the decode layer: route + GEMM 1 + SwiGLU, then GEMM 2 + combine ------------
-// tokens * kTopK <= kGemvPassRows (the host checks). Warp t of every block
+// tokens <= kDecodeMaxTokens and tokens * kTopK <= kEntries (kGemvPassRows
+// for moejit_layer_decode_gemm1, kDecodeWideEntries for its _wide twin; the
+// host checks). Warp t of every block
 // routes token t (common/route.cuh: the router kernel's code, so the same
 // picks and weights to the bit); block 0 writes them out for the caller
 // (and the second launch) and zeroes GEMM 2's column-group counters. h rows
@@ -206,11 +210,14 @@ template <typename WT> struct mj_decode1_hook {
   __device__ __forceinline__ void after(const int *, int) const {}
 };
 
-// Routes the tokens into ids/wt (shared); returns the entries.
-__device__ __forceinline__ int mj_decode_route(const logits_t *__restrict__ logits, const float *__restrict__ bias,
-                                               int tokens, int *ids, float *wt, int *__restrict__ topk_ids,
-                                               float *__restrict__ topk_weights, unsigned *__restrict__ counters) {
-  const int entries = min(tokens * kTopK, kGemvPassRows);
+// Routes the tokens into ids/wt (shared, kEntries each); returns the entries.
+template <int kEntries>
+__device__ __forceinline__ int mj_decode_route(const logits_t *__restrict__ logits,
+                                               const float *__restrict__ bias, int tokens, int *ids,
+                                               float *wt, int *__restrict__ topk_ids,
+                                               float *__restrict__ topk_weights,
+                                               unsigned *__restrict__ counters) {
+  const int entries = min(tokens * kTopK, kEntries);
   const int warp = threadIdx.x / 32, lane = mj_lane_id();
   if (warp * kTopK < entries) { // warp t routes token t
     int expert;
@@ -231,13 +238,31 @@ __device__ __forceinline__ int mj_decode_route(const logits_t *__restrict__ logi
   return entries;
 }
 
-template <typename AT, typename WT>
-__device__ __forceinline__ void mj_decode_gemm1_units(const AT *__restrict__ x, const WT *__restrict__ w,
-                                                      AT *__restrict__ h, const int *ids, int entries,
+template <int kEntries, typename AT, typename WT>
+__device__ __forceinline__ void mj_decode_gemm1_units(const AT *__restrict__ x,
+                                                      const WT *__restrict__ w, AT *__restrict__ h,
+                                                      const int *ids, int entries,
                                                       const WT *__restrict__ w2, int prefetch) {
-  mj_decode_for_each(ids, entries, kExpertWidth / kDecode1Cols,
-                     mj_gemm1_gemv_unit<AT, WT, kDecode1Cols, true>{x, w, h},
-                     mj_decode1_hook<WT>{w2, prefetch});
+  mj_decode_for_each<kEntries>(ids, entries, kExpertWidth / kDecode1Cols,
+                               mj_gemm1_gemv_unit<AT, WT, kDecode1Cols, true>{x, w, h},
+                               mj_decode1_hook<WT>{w2, prefetch});
+}
+
+template <int kEntries>
+__device__ __forceinline__ void mj_decode_gemm1(
+    const logits_t *__restrict__ logits, const float *__restrict__ bias,
+    const act_t *__restrict__ x, const weight_t *__restrict__ w, act_t *__restrict__ h,
+    int *__restrict__ topk_ids, float *__restrict__ topk_weights, int tokens,
+    unsigned *__restrict__ counters, const weight_t *__restrict__ w2, int prefetch) {
+  if constexpr (!kDecodeOk) {
+    __trap();  // the host keeps these shapes on the unfused layer
+  } else {
+    __shared__ int ids[kEntries];
+    __shared__ float wt[kEntries];
+    const int entries =
+        mj_decode_route<kEntries>(logits, bias, tokens, ids, wt, topk_ids, topk_weights, counters);
+    mj_decode_gemm1_units<kEntries>(x, w, h, ids, entries, w2, prefetch);
+  }
 }
 
 #if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm1)
@@ -248,14 +273,22 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
                               float *__restrict__ topk_weights, int tokens,
                               unsigned *__restrict__ counters, const weight_t *__restrict__ w2,
                               int prefetch) {
-  if constexpr (!kDecodeOk) {
-    __trap(); // the host keeps these shapes on the unfused layer
-  } else {
-    __shared__ int ids[kGemvPassRows];
-    __shared__ float wt[kGemvPassRows];
-    const int entries = mj_decode_route(logits, bias, tokens, ids, wt, topk_ids, topk_weights, counters);
-    mj_decode_gemm1_units(x, w, h, ids, entries, w2, prefetch);
-  }
+  mj_decode_gemm1<kGemvPassRows>(logits, bias, x, w, h, topk_ids, topk_weights, tokens, counters,
+                                 w2, prefetch);
+}
+#endif
+
+// Past kGemvPassRows entries (units of up to mj_decode_max_rows rows).
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm1_wide)
+extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
+    moejit_layer_decode_gemm1_wide(const logits_t *__restrict__ logits,
+                                   const float *__restrict__ bias, const act_t *__restrict__ x,
+                                   const weight_t *__restrict__ w, act_t *__restrict__ h,
+                                   int *__restrict__ topk_ids, float *__restrict__ topk_weights,
+                                   int tokens, unsigned *__restrict__ counters,
+                                   const weight_t *__restrict__ w2, int prefetch) {
+  mj_decode_gemm1<kDecodeWideEntries>(logits, bias, x, w, h, topk_ids, topk_weights, tokens,
+                                      counters, w2, prefetch);
 }
 #endif
 

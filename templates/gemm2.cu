@@ -175,12 +175,13 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
 
 // A decode unit's sums: lane r (< rows) calls store(entry p of row r, its
 // kGemv2Cols fp32 sums). Both forms of the second launch run it.
-template <int R, typename AT, typename WT, class Store>
+template <int R, typename AT, typename WT, int kEntries, class Store>
 __device__ __forceinline__ void mj_decode2_sums_of(const AT *h, const WT *w, int e, int g,
-                                                   unsigned packed, int rows, const Store &store) {
+                                                   mj_decode_packed<kEntries> packed, int rows,
+                                                   const Store &store) {
   constexpr int C = kGemv2Cols;
   const int lane = mj_lane_id();
-  const mj_gemv_rows_entries<AT, kExpertWidth, 1> map{h, packed, rows};
+  const mj_gemv_rows_entries<AT, kExpertWidth, 1, kEntries> map{h, packed, rows};
   float acc[C][R];
   mj_gemm2_gemv_dot<R, AT, WT>(w, e, g * C, map, acc);
 #pragma unroll
@@ -214,7 +215,9 @@ template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
   const float *wt; // shared: the entries' router weights
   OT *out;
   int entries;
-  template <int R> __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
+  template <int R, int kEntries>
+  __device__ __forceinline__ void run(int e, int g, mj_decode_packed<kEntries> packed,
+                                      int rows) const {
     constexpr int C = kGemv2Cols;
     const int n0 = g * C, lane = mj_lane_id();
     mj_decode2_sums_of<R, AT, WT>(h, w, e, g, packed, rows, [&](int p, const float(&v)[C]) {
@@ -262,16 +265,18 @@ template <typename AT, typename WT, typename OT> struct mj_decode2_unit {
 // kDecode2MaxGroups groups (src/ops/gemm.h mirrors it:
 // MJ_DECODE2_MAX_GROUPS); a grid that asks more keeps the counters.
 enum : int { kDecode2MaxGroups = 32 };
-typedef float mj_decode2_sums[kGemvPassRows][kDecode2MaxGroups * kGemv2Cols];
+template <int kEntries>
+using mj_decode2_sums = float[kEntries][kDecode2MaxGroups * kGemv2Cols];
 
-template <typename AT, typename WT>
+template <typename AT, typename WT, int kEntries>
 struct mj_decode2_smem_unit {
   const AT *h;
   const WT *w;
-  mj_decode2_sums *sums;
+  mj_decode2_sums<kEntries> *sums;
   int col0;  // the unit's first column in sums: its group's slot in the block * kGemv2Cols
   template <int R>
-  __device__ __forceinline__ void run(int e, int g, unsigned packed, int rows) const {
+  __device__ __forceinline__ void run(int e, int g, mj_decode_packed<kEntries> packed,
+                                      int rows) const {
     mj_decode2_sums_of<R, AT, WT>(h, w, e, g, packed, rows,
                                   [&](int p, const float(&v)[kGemv2Cols]) {
 #pragma unroll
@@ -282,8 +287,8 @@ struct mj_decode2_smem_unit {
 };
 
 // out[t, g0 * C + col] for the block's `groups` groups from g0.
-template <typename OT>
-__device__ __forceinline__ void mj_decode2_block_combine(const mj_decode2_sums &sums,
+template <int kEntries, typename OT>
+__device__ __forceinline__ void mj_decode2_block_combine(const mj_decode2_sums<kEntries> &sums,
                                                          const float *wt, int entries, int g0,
                                                          int groups, OT *__restrict__ out) {
   constexpr int C = kGemv2Cols;
@@ -295,29 +300,30 @@ __device__ __forceinline__ void mj_decode2_block_combine(const mj_decode2_sums &
   }
 }
 
-template <typename AT, typename WT, typename OT>
+template <int kEntries, typename AT, typename WT, typename OT>
 __device__ __forceinline__ void mj_decode_gemm2(const AT *__restrict__ h, const WT *__restrict__ w,
                                                 const int *__restrict__ topk_ids,
                                                 const float *__restrict__ topk_weights, int tokens,
                                                 OT *__restrict__ out, float *__restrict__ part,
                                                 unsigned *__restrict__ counters,
                                                 int block_combine) {
-  static_assert(kGemvPassRows <= 32 / kGemv2Cols, "decode gemm2: a warp combines a column group");
+  static_assert(kDecodeMaxTokens <= 32 / kGemv2Cols,
+                "decode gemm2: a warp combines a column group");
   if constexpr (!kGemvOk || kTopK > kGemvPassRows) {
     __trap(); // the host keeps these shapes on the unfused layer
   } else {
-    __shared__ int ids[kGemvPassRows];
-    __shared__ float wt[kGemvPassRows];
-    __shared__ int list[kGemvPassRows], rows[kGemvPassRows], count;
-    __shared__ unsigned packed[kGemvPassRows];
-    __shared__ mj_decode2_sums sums;
-    const int entries = min(tokens * kTopK, kGemvPassRows);
+    __shared__ int ids[kEntries];
+    __shared__ float wt[kEntries];
+    __shared__ int list[kEntries], rows[kEntries], count;
+    __shared__ mj_decode_packed<kEntries> packed[kEntries];
+    __shared__ mj_decode2_sums<kEntries> sums;
+    const int entries = min(tokens * kTopK, kEntries);
     if (threadIdx.x < entries) {
       ids[threadIdx.x] = __ldg(topk_ids + threadIdx.x);
       wt[threadIdx.x] = __ldg(topk_weights + threadIdx.x);
     }
     __syncthreads();
-    const int active = mj_decode_experts(ids, entries, list, packed, rows, &count);
+    const int active = mj_decode_experts<kEntries>(ids, entries, list, packed, rows, &count);
     constexpr int kGroups = kHidden / kGemv2Cols;
     const int per_block = (kGroups + (int)gridDim.x - 1) / (int)gridDim.x;
     if (block_combine && active > 0 && per_block <= kDecode2MaxGroups) {
@@ -326,15 +332,16 @@ __device__ __forceinline__ void mj_decode_gemm2(const AT *__restrict__ h, const 
 #pragma unroll 1
       for (int i = threadIdx.x / 32; i < groups * active; i += kGemvWarps) {
         const int slot = i / active, a = i % active;
-        mj_gemv_run_upto<kDecodeMaxRows>(
-            mj_decode2_smem_unit<AT, WT>{h, w, &sums, slot * kGemv2Cols}, list[a], g0 + slot,
-            packed[a], rows[a]);
+        mj_gemv_run_upto<mj_decode_max_rows(kEntries)>(
+            mj_decode2_smem_unit<AT, WT, kEntries>{h, w, &sums, slot * kGemv2Cols}, list[a],
+            g0 + slot, packed[a], rows[a]);
       }
       __syncthreads();
-      mj_decode2_block_combine(sums, wt, entries, g0, groups, out);
+      mj_decode2_block_combine<kEntries>(sums, wt, entries, g0, groups, out);
     } else {
-      mj_decode_units(list, packed, rows, active, kGroups,
-                      mj_decode2_unit<AT, WT, OT>{h, w, part, counters, wt, out, entries});
+      mj_decode_units<kEntries>(
+          list, packed, rows, active, kGroups,
+          mj_decode2_unit<AT, WT, OT>{h, w, part, counters, wt, out, entries});
     }
   }
 }
@@ -346,7 +353,21 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kDecode2BlocksPerSm)
                               const float *__restrict__ topk_weights, int tokens,
                               out_t *__restrict__ out, float *__restrict__ part,
                               unsigned *__restrict__ counters, int block_combine) {
-  mj_decode_gemm2(h, w, topk_ids, topk_weights, tokens, out, part, counters, block_combine);
+  mj_decode_gemm2<kGemvPassRows>(h, w, topk_ids, topk_weights, tokens, out, part, counters,
+                                 block_combine);
+}
+#endif
+
+// Past kGemvPassRows entries (units of up to mj_decode_max_rows rows).
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm2_wide)
+extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
+    moejit_layer_decode_gemm2_wide(const act_t *__restrict__ h, const weight_t *__restrict__ w,
+                                   const int *__restrict__ topk_ids,
+                                   const float *__restrict__ topk_weights, int tokens,
+                                   out_t *__restrict__ out, float *__restrict__ part,
+                                   unsigned *__restrict__ counters, int block_combine) {
+  mj_decode_gemm2<kDecodeWideEntries>(h, w, topk_ids, topk_weights, tokens, out, part, counters,
+                                      block_combine);
 }
 #endif
 

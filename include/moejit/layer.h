@@ -219,11 +219,17 @@ MOEJIT_API moejit_status moejit_moe_workspace_size(const moejit_model *model, in
 MOEJIT_API moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_args *args,
                                             moejit_stream stream);
 
+/* The decode layer's reach: at most MOEJIT_DECODE_MAX_TOKENS tokens and
+ * MOEJIT_DECODE_MAX_ENTRIES token-slot entries (T * top_k). */
+#define MOEJIT_DECODE_MAX_TOKENS 8
+#define MOEJIT_DECODE_MAX_ENTRIES 32
+
 /* 1 when moejit_moe_forward of `tokens` tokens runs the two-launch decode
- * layer: T * top_k <= MOEJIT_GEMV_PASS_ROWS (8) token-slot entries, both
- * GEMMs on the GEMV path (moejit_model_gemm_choice), one GPU, and
- * $MOEJIT_LAYER_DECODE not "0". 0 otherwise, also for a NULL model or
- * tokens out of range. Host only. docs/layer.md, "Decode". */
+ * layer: T <= MOEJIT_DECODE_MAX_TOKENS (8) and T * top_k <=
+ * MOEJIT_DECODE_MAX_ENTRIES (32) token-slot entries, both GEMMs on the
+ * GEMV path (moejit_model_gemm_choice), one GPU, and $MOEJIT_LAYER_DECODE
+ * not "0". 0 otherwise, also for a NULL model or tokens out of range. Host
+ * only. docs/layer.md, "Decode". */
 MOEJIT_API int moejit_moe_decode_layer(const moejit_model *model, int64_t tokens);
 
 /* 1 when moejit_moe_forward of `tokens` tokens runs GEMM 1 reading its rows

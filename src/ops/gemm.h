@@ -5,6 +5,7 @@
 #define MOEJIT_SRC_OPS_GEMM_H
 
 #include "moejit/gemm.h"
+#include "moejit/layer.h"
 
 typedef struct mj_gemm_plan {
   const char *family;     /* "gemm1" or "gemm2" */
@@ -80,11 +81,13 @@ const char *mj_gemm_path_blocker(const moejit_spec *spec, int which, moejit_gemm
 int mj_gemm_gemv_enabled(void);
 
 /* Whether a tuned bucket of `bucket` tokens, run on `path`, may serve
- * `tokens` (any other T than its own): not at decode sizes (T * k <=
- * MOEJIT_GEMV_MAX_ROWS), where AUTO runs the GEMV kernel (and the layer its
- * two-launch decode form), unless the bucket is a GEMV one or a decode size
- * itself (timed against the GEMV kernel when it was tuned). A table tuned
- * without T = 1 would otherwise hand T = 1 the tiles of its T = 32 bucket.
+ * `tokens` (any other T than its own): not within the decode layer's reach
+ * (mj_decode_reach: T <= 8, T * k <= 32), where the layer's choice without
+ * a bucket is the GEMV kernel (mj_gemm_choose) and the layer runs its
+ * two-launch decode form, unless the bucket is a GEMV one or within that
+ * reach itself (timed against the GEMV kernel when it was tuned). A table
+ * tuned without T = 1 would otherwise hand T = 1 the tiles of its T = 32
+ * bucket.
  * Model loads and moejit_tuned_choice both ask it. */
 int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, moejit_gemm_path path,
                           int64_t tokens);
@@ -102,6 +105,11 @@ int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, mo
  * load resolves them with the plans that use them (model.c). */
 #define MJ_ENTRY_DECODE1 "moejit_layer_decode_gemm1"
 #define MJ_ENTRY_DECODE2 "moejit_layer_decode_gemm2"
+/* The decode layer's wide pair, past MOEJIT_GEMV_PASS_ROWS entries (up to
+ * MOEJIT_DECODE_MAX_ENTRIES: templates/common/gemm_gemv.cuh
+ * kDecodeWideEntries; MOEJIT_DECODE_MAX_TOKENS is its kDecodeMaxTokens). */
+#define MJ_ENTRY_DECODE1_WIDE "moejit_layer_decode_gemm1_wide"
+#define MJ_ENTRY_DECODE2_WIDE "moejit_layer_decode_gemm2_wide"
 #define MJ_ENTRY_GEMM1_GATHER "moejit_gemm1_swiglu_wgmma_gather"
 #define MJ_ENTRY_GEMM1_NARROW_GATHER "moejit_gemm1_swiglu_wgmma_narrow_gather"
 
@@ -117,13 +125,31 @@ static inline const char *mj_gemm1_gather_entry(const mj_gemm_plan *plan) {
 /* The decode layer's GEMM 1 units (templates/gemm1.cu kDecode1Cols: h
  * columns); its GEMM 2 units are MJ_GEMV2_COLS columns. */
 #define MJ_DECODE1_COLS 1
+/* Whether `tokens` tokens are within the decode layer's reach
+ * (moejit_moe_decode_layer: its kernels take top_k <= MOEJIT_GEMV_PASS_ROWS),
+ * and whether they take its wide pair of entries. */
+static inline int mj_decode_reach(const moejit_spec *spec, int64_t tokens) {
+  return spec->top_k <= MOEJIT_GEMV_PASS_ROWS && tokens >= 1 &&
+         tokens <= MOEJIT_DECODE_MAX_TOKENS && tokens * spec->top_k <= MOEJIT_DECODE_MAX_ENTRIES;
+}
+/* The most tokens within the decode layer's reach (0: none). */
+static inline int64_t mj_decode_max_tokens(const moejit_spec *spec) {
+  if (spec->top_k < 1 || spec->top_k > MOEJIT_GEMV_PASS_ROWS) return 0;
+  const int64_t t = MOEJIT_DECODE_MAX_ENTRIES / spec->top_k;
+  return t < MOEJIT_DECODE_MAX_TOKENS ? t : MOEJIT_DECODE_MAX_TOKENS;
+}
+static inline int mj_decode_wide(const moejit_spec *spec, int64_t tokens) {
+  return tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS;
+}
+
 /* Resident blocks an SM of the decode layer's GEMM 2 launch
- * (templates/common/gemm_gemv.cuh kDecode2BlocksPerSm): 4 where an expert
- * holds one row at most (MOEJIT_GEMV_PASS_ROWS / top_k tokens <= 1; its k
- * picks are distinct experts) and the units number at most 4096,
- * MJ_GEMV_BLOCKS_PER_SM otherwise. */
-static inline int mj_decode2_blocks_per_sm(int top_k, int64_t hidden) {
-  const int one_row = top_k > 0 && MOEJIT_GEMV_PASS_ROWS / top_k <= 1;
+ * (templates/common/gemm_gemv.cuh kDecode2BlocksPerSm): for the first pair
+ * of entries, 4 where an expert holds one row at most
+ * (MOEJIT_GEMV_PASS_ROWS / top_k tokens <= 1; its k picks are distinct
+ * experts) and the units number at most 4096, MJ_GEMV_BLOCKS_PER_SM
+ * otherwise and for the wide pair. */
+static inline int mj_decode2_blocks_per_sm(int top_k, int64_t hidden, int wide) {
+  const int one_row = !wide && top_k > 0 && MOEJIT_GEMV_PASS_ROWS / top_k <= 1;
   return one_row && hidden / MJ_GEMV2_COLS * MOEJIT_GEMV_PASS_ROWS <= 4096 ? 4
                                                                            : MJ_GEMV_BLOCKS_PER_SM;
 }

@@ -173,8 +173,15 @@ moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v,
     c->variant = -1;
   }
   c->spec = spec;
-  c->path = MOEJIT_GEMM_PATH_AUTO;
-  return mj_gemm_plan_make_for(spec, which, MOEJIT_GEMM_PATH_AUTO, rows, arch, &c->plan);
+  /* Within the decode layer's reach the GEMV kernel, where it runs: an
+   * expert holds at most T <= 8 rows (one pass over its weights), and the
+   * layer then runs its two-launch decode form; AUTO elsewhere (which is
+   * the GEMV kernel too up to MOEJIT_GEMV_MAX_ROWS rows). */
+  c->path = mj_decode_reach(spec, tokens) && mj_gemm_gemv_enabled() &&
+                    !mj_gemm_gemv_blocker(spec, which)
+                ? MOEJIT_GEMM_PATH_GEMV
+                : MOEJIT_GEMM_PATH_AUTO;
+  return mj_gemm_plan_make_for(spec, which, c->path, rows, arch, &c->plan);
 }
 
 /* ---- moejit_model_gemm_choice ---------------------------------------------- */

@@ -113,10 +113,10 @@ int mj_gemm_gemv_enabled(void) {
 
 int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, moejit_gemm_path path,
                           int64_t tokens) {
-  const int64_t k = spec->top_k;
   if (bucket == tokens || path == MOEJIT_GEMM_PATH_GEMV) return 1;
-  /* a bucket of a decode size was itself timed against the GEMV kernel */
-  if (tokens * k > MOEJIT_GEMV_MAX_ROWS || bucket * k <= MOEJIT_GEMV_MAX_ROWS) return 1;
+  /* a bucket within the decode layer's reach was itself timed against the
+   * GEMV kernel */
+  if (!mj_decode_reach(spec, tokens) || mj_decode_reach(spec, bucket)) return 1;
   return !mj_gemm_gemv_enabled() || mj_gemm_gemv_blocker(spec, which) != NULL;
 }
 

@@ -107,9 +107,13 @@ static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout
   l->tile_row_start = take(&c, (size_t)tiles * 4);
   l->num_tiles = take(&c, 4);
   l->align_ws = take(&c, l->align_bytes);
-  /* the decode layer keeps GEMM 2's fp32 partial rows where xs and y go */
-  const size_t xs_y = entries * (size_t)s->hidden * act, part = entries * (size_t)s->hidden * 4;
-  l->xs_y = take(&c, entries <= MOEJIT_GEMV_PASS_ROWS && part > xs_y ? part : xs_y);
+  /* the decode layer keeps GEMM 2's fp32 partial rows where xs and y go:
+   * room for those of the most entries any T up to `tokens` within its
+   * reach makes, so that a workspace sized for T serves every smaller T */
+  const int64_t t_dec = tokens < mj_decode_max_tokens(s) ? tokens : mj_decode_max_tokens(s);
+  const size_t xs_y = entries * (size_t)s->hidden * act;
+  const size_t part = (size_t)t_dec * (size_t)s->top_k * (size_t)s->hidden * 4;
+  l->xs_y = take(&c, part > xs_y ? part : xs_y);
   l->h = take(&c, entries * (size_t)s->expert_width * act);
   l->decode_counters = take(&c, (size_t)(s->hidden / MJ_GEMV2_COLS) * 4);
   l->gemm_sync = take(&c, 8); /* GEMM 1's rounds in step (moejit_gemm_args.round_sync) */
@@ -404,8 +408,10 @@ moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *
 
 /* ---- the decode layer ----------------------------------------------------- */
 
-/* At T * k <= MOEJIT_GEMV_PASS_ROWS the forward is the decode layer, two
- * launches of the GEMM modules: moejit_layer_decode_gemm1 (templates/
+/* At T <= MOEJIT_DECODE_MAX_TOKENS and T * k <= MOEJIT_DECODE_MAX_ENTRIES
+ * (mj_decode_reach) the forward is the decode layer, two launches of the
+ * GEMM modules (their wide pair, _wide, past MOEJIT_GEMV_PASS_ROWS
+ * entries): moejit_layer_decode_gemm1 (templates/
  * gemm1.cu) routes (every block, the router's own code), runs GEMM 1 +
  * SwiGLU on x rows directly, zeroes the column-group counters and, where
  * they fit, pulls the active experts' W2 into L2; moejit_layer_decode_gemm2
@@ -415,7 +421,7 @@ moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *
  * launch. */
 int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
                      const mj_gemm_choice *gemm2) {
-  if (tokens < 1 || tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS) return 0;
+  if (!mj_decode_reach(spec, tokens)) return 0;
   if (!gemm1->plan.use_gemv || !gemm2->plan.use_gemv) return 0;
   return mj_env_switch("MOEJIT_LAYER_DECODE", 1);
 }
@@ -503,8 +509,11 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
                                    moejit_stream stream) {
   const moejit_spec *s = &m->spec;
   moejit_kernel *k1, *k2;
-  moejit_status st = decode_kernel(m, &c->gemm[0], 1, MJ_ENTRY_DECODE1, &k1);
-  if (!st) st = decode_kernel(m, &c->gemm[1], 2, MJ_ENTRY_DECODE2, &k2);
+  const int wide = mj_decode_wide(s, a->tokens);
+  moejit_status st =
+      decode_kernel(m, &c->gemm[0], 1, wide ? MJ_ENTRY_DECODE1_WIDE : MJ_ENTRY_DECODE1, &k1);
+  if (!st)
+    st = decode_kernel(m, &c->gemm[1], 2, wide ? MJ_ENTRY_DECODE2_WIDE : MJ_ENTRY_DECODE2, &k2);
   if (st) return mj_model_fail(m, mj_fail_prefix(st, "moejit_moe_forward"));
   const void *x = a->x, *logits = a->logits, *bias = a->route_bias, *w1 = a->w1, *w2 = a->w2;
   void *h = AT(a->workspace, l->h), *out = a->out, *part = AT(a->workspace, l->xs_y);
@@ -516,7 +525,7 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   const unsigned grid1[3] = {
       decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS), MJ_GEMV_BLOCKS_PER_SM), 1, 1};
   const int64_t groups = s->hidden / MJ_GEMV2_COLS;
-  const int per_sm2 = mj_decode2_blocks_per_sm(s->top_k, s->hidden);
+  const int per_sm2 = mj_decode2_blocks_per_sm(s->top_k, s->hidden, wide);
   int prefetch = decode_prefetch(), block_combine = decode_block_combine();
   const unsigned grid2[3] = {block_combine ? decode2_block_grid(m, groups, active, per_sm2)
                                            : decode_blocks(m, active * groups, per_sm2),

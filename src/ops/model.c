@@ -187,6 +187,11 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
   moejit_status st = warm_add(w, kspec, plan->family, plan->entry, what);
   if (!st && plan->use_gemv)
     st = warm_add(w, kspec, plan->family, which == 1 ? MJ_ENTRY_DECODE1 : MJ_ENTRY_DECODE2, what);
+  /* the wide pair where some T within the decode layer's reach passes the
+   * first pair's entries */
+  if (!st && plan->use_gemv && mj_decode_wide(spec, MOEJIT_DECODE_MAX_TOKENS))
+    st = warm_add(w, kspec, plan->family,
+                  which == 1 ? MJ_ENTRY_DECODE1_WIDE : MJ_ENTRY_DECODE2_WIDE, what);
   const char *gather = which == 1 ? mj_gemm1_gather_entry(plan) : NULL;
   if (!st && gather) st = warm_add(w, kspec, plan->family, gather, what);
   return st;

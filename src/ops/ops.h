@@ -101,9 +101,10 @@ moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v,
                              int64_t tokens, const char *arch, mj_gemm_choice *c);
 
 /* 1 when a forward of `tokens` tokens with these GEMM choices runs as the
- * two-launch decode layer (layer.c): both GEMMs on the GEMV path, at most
- * MOEJIT_GEMV_PASS_ROWS token-slot entries, and $MOEJIT_LAYER_DECODE not
- * "0". Host only. */
+ * two-launch decode layer (layer.c): both GEMMs on the GEMV path, T within
+ * its reach (mj_decode_reach: at most MOEJIT_DECODE_MAX_TOKENS tokens and
+ * MOEJIT_DECODE_MAX_ENTRIES token-slot entries), and $MOEJIT_LAYER_DECODE
+ * not "0". Host only. */
 int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choice *gemm1,
                      const mj_gemm_choice *gemm2);
 

@@ -16,6 +16,11 @@ __host__ __device__ constexpr int mj_pow2_floor(int n) {
   return n < 2 ? 1 : 2 * mj_pow2_floor(n / 2);
 }
 
+// The smallest power of two >= n (n >= 1).
+__host__ __device__ constexpr int mj_pow2_ceil(int n) {
+  return mj_pow2_floor(n) < n ? 2 * mj_pow2_floor(n) : mj_pow2_floor(n);
+}
+
 template <typename T>
 struct mj_dtype;
 

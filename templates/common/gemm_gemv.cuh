@@ -95,6 +95,39 @@ __device__ __forceinline__ int mj_gemv_active_experts(const int *offsets, int ma
   return *count;
 }
 
+// ---- the decode layer's entries -------------------------------------------------
+// The decode layer (below) takes T <= kDecodeMaxTokens tokens (warp t of a
+// block routes token t) and at most kEntries token-slot entries p = t * k +
+// j: kGemvPassRows (8) in its first pair of entries, kDecodeWideEntries
+// (32) in its wide pair, which the host launches past 8 entries
+// (src/ops/gemm.h mirrors both: MJ_DECODE_*).
+enum : int { kDecodeMaxTokens = kGemvWarps };
+enum : int { kDecodeWideEntries = 32 };
+
+template <bool C, typename A, typename B>
+struct mj_if {
+  typedef A type;
+};
+template <typename A, typename B>
+struct mj_if<false, A, B> {
+  typedef B type;
+};
+
+// An expert's rows among the entries (at most one a token): their entry
+// indices, ascending, kBits each: 4 in 32 bits up to 16 entries, else 5 in
+// 64 bits.
+template <int kEntries>
+struct mj_decode_packed {
+  typedef typename mj_if<(kEntries <= 16), unsigned, unsigned long long>::type word;
+  enum : int { kBits = kEntries <= 16 ? 4 : 5 };
+  static_assert(kEntries <= 32 && kDecodeMaxTokens * kBits <= 8 * (int)sizeof(word),
+                "decode: an expert's entries must fit the packed word");
+  word v;
+  __device__ __forceinline__ int entry(int r) const {
+    return (int)((v >> (kBits * r)) & (word)((1u << kBits) - 1u));
+  }
+};
+
 // Where a unit's rows live. A row map gives row r's A row (rows r >= rows
 // repeat the last row; the caller drops them) and the output row it lands
 // in. Contiguous: rows row0.. of a permuted A (align's layout). Entries: the
@@ -115,12 +148,13 @@ template <typename AT, int K> struct mj_gemv_rows_contig {
 
 // DIV: entries per A row (kTopK where A is x [T, d]; 1 where A has a row
 // per entry, as h of the decode layer).
-template <typename AT, int K, int DIV> struct mj_gemv_rows_entries {
+template <typename AT, int K, int DIV, int kEntries>
+struct mj_gemv_rows_entries {
   const AT *x;
-  unsigned packed;
+  mj_decode_packed<kEntries> packed;
   int rows;
   __device__ __forceinline__ int out_row(int r) const {
-    return (int)((packed >> (4 * (r < rows ? r : rows - 1))) & 15u);
+    return packed.entry(r < rows ? r : rows - 1);
   }
   __device__ __forceinline__ const AT *a_row(int r) const {
     return x + (long long)(out_row(r) / DIV) * K;
@@ -227,17 +261,26 @@ __device__ __forceinline__ void mj_gemv_for_each(const int *offsets, int max_row
   }
 }
 
-// ---- the decode layer (moejit_layer_decode_gemm1 / _gemm2) -----------------
-// At T * k <= kGemvPassRows entries the whole layer is two launches: GEMM 1
+// ---- the decode layer (moejit_layer_decode_gemm1 / _gemm2, and _wide) ------
+// At T * k <= kDecodeWideEntries entries of T <= kDecodeMaxTokens tokens
+// (the first pair of entries up to kGemvPassRows) the whole layer is two
+// launches: GEMM 1
 // routes the tokens itself (every block, the same bits) and reads x rows
 // directly; GEMM 2 writes fp32 partial rows per entry and the warp that
 // completes a column group combines it. No align, no permutation, no
 // combine launch (docs/layer.md, "Decode").
 
-// The most rows an expert holds in the decode layer: one per token (its k
-// picks are distinct experts), kGemvPassRows / kTopK tokens (a power of two
-// for every k <= 8); 1 where k >= 5, so only one-row units are built there.
-enum : int { kDecodeMaxRows = mj_pow2_floor(kGemvPassRows / kTopK) };
+// The unit sizes the decode layer builds for kEntries entries: an expert
+// holds one row per token at most (its k picks are distinct experts), so
+// min(kDecodeMaxTokens, kEntries / kTopK) rows, rounded up to the unit
+// sizes (powers of two). For the first pair (8 entries) that is 1 where
+// k >= 5, so only one-row units are built there.
+__host__ __device__ constexpr int mj_decode_max_rows(int entries) {
+  return mj_pow2_ceil(entries / kTopK < kDecodeMaxTokens
+                          ? (entries / kTopK > 0 ? entries / kTopK : 1)
+                          : kDecodeMaxTokens);
+}
+enum : int { kDecodeMaxRows = mj_decode_max_rows(kGemvPassRows) };
 
 // Resident blocks an SM the decode layer's GEMM 2 launch is built for
 // (src/ops/gemm.h mirrors it: mj_decode2_blocks_per_sm): four where its
@@ -253,9 +296,13 @@ enum : int {
 
 // The active experts of the entries, in order of first appearance, each
 // with its entries packed (mj_gemv_rows_entries) and its row count; returns
-// how many. ids: shared, `entries` of them (<= 32); every thread calls it.
+// how many. ids: shared, `entries` of them (<= kEntries <= 32); every
+// thread calls it.
+template <int kEntries>
 __device__ __forceinline__ int mj_decode_experts(const int *ids, int entries, int *list,
-                                                 unsigned *packed, int *rows, int *count) {
+                                                 mj_decode_packed<kEntries> *packed, int *rows,
+                                                 int *count) {
+  typedef typename mj_decode_packed<kEntries>::word word;
   if (threadIdx.x < 32) {
     const int lane = mj_lane_id();
     const int id = lane < entries ? ids[lane] : -1;
@@ -269,10 +316,12 @@ __device__ __forceinline__ int mj_decode_experts(const int *ids, int entries, in
     const unsigned firsts = __ballot_sync(MJ_FULL_MASK, first);
     if (first) {
       const int at = __popc(firsts & mj_lanemask_lt());
-      unsigned m = same, p = 0;
+      unsigned m = same;
+      word p = 0;
       int n = 0;
-      for (; m != 0u && n < kGemvPassRows; ++n, m &= m - 1u) p |= (unsigned)(__ffs(m) - 1) << (4 * n);
-      list[at] = id, packed[at] = p, rows[at] = n;
+      for (; m != 0u && n < kDecodeMaxTokens; ++n, m &= m - 1u)
+        p |= (word)(__ffs(m) - 1) << (mj_decode_packed<kEntries>::kBits * n);
+      list[at] = id, packed[at].v = p, rows[at] = n;
     }
     if (lane == 0) *count = __popc(firsts);
   }
@@ -290,8 +339,9 @@ struct mj_decode_no_hook {
 };
 
 // The loop over units of experts already found (mj_decode_experts).
-template <class Unit>
-__device__ __forceinline__ void mj_decode_units(const int *list, const unsigned *packed,
+template <int kEntries, class Unit>
+__device__ __forceinline__ void mj_decode_units(const int *list,
+                                                const mj_decode_packed<kEntries> *packed,
                                                 const int *rows, int active, int groups,
                                                 const Unit &unit) {
   const int units = active * groups;
@@ -299,16 +349,16 @@ __device__ __forceinline__ void mj_decode_units(const int *list, const unsigned 
 #pragma unroll 1
   for (int u = blockIdx.x + gridDim.x * (threadIdx.x / 32); u < units; u += stride) {
     const int a = u / groups;
-    mj_gemv_run_upto<kDecodeMaxRows>(unit, list[a], u % groups, packed[a], rows[a]);
+    mj_gemv_run_upto<mj_decode_max_rows(kEntries)>(unit, list[a], u % groups, packed[a], rows[a]);
   }
 }
 
-template <class Unit, class Hook = mj_decode_no_hook>
+template <int kEntries, class Unit, class Hook = mj_decode_no_hook>
 __device__ __forceinline__ void mj_decode_for_each(const int *ids, int entries, int groups,
                                                    const Unit &unit, const Hook &hook = Hook()) {
-  __shared__ int list[kGemvPassRows], rows[kGemvPassRows], count;
-  __shared__ unsigned packed[kGemvPassRows];
-  const int active = mj_decode_experts(ids, entries, list, packed, rows, &count);
+  __shared__ int list[kEntries], rows[kEntries], count;
+  __shared__ mj_decode_packed<kEntries> packed[kEntries];
+  const int active = mj_decode_experts<kEntries>(ids, entries, list, packed, rows, &count);
   hook.before(list, active);
   mj_decode_units(list, packed, rows, active, groups, unit);
   hook.after(list, active);

@@ -538,9 +538,12 @@ Test(tuned_lookup, exact_nearest_and_ties) {
     int64_t tokens, want;
     mj_tuned_match match;
   } cases[] = {{1, 1, MJ_TUNED_EXACT},          {32, 32, MJ_TUNED_EXACT},
-               {2, 1, MJ_TUNED_NEAREST},        {3, 8, MJ_TUNED_NEAREST}, /* 3/1 > 8/3 */
+               {2, 1, MJ_TUNED_NEAREST},        {5, 8, MJ_TUNED_NEAREST}, /* 5/1 > 8/5 */
                {16, 32, MJ_TUNED_NEAREST},  /* tie 16/8 = 32/16: the larger */
-               {4, 8, MJ_TUNED_NEAREST},    /* 4/1 > 8/4 */
+               {6, 8, MJ_TUNED_NEAREST},    /* 6/1 > 8/6 */
+               /* T <= 4 (k = 8) is within the decode layer's reach, where
+                * the tile buckets past it (8) do not serve */
+               {4, 1, MJ_TUNED_NEAREST},
                {90, 32, MJ_TUNED_NEAREST},  /* 90/32 < 256/90 */
                {91, 256, MJ_TUNED_NEAREST}, /* 91/32 > 256/91 */
                {100000, 2048, MJ_TUNED_NEAREST}};
@@ -577,9 +580,10 @@ Test(tuned_lookup, nearest_matches_a_brute_force) {
           ts_tuned_entry(&s, "gemm2", b[i], ts_tile(128, 128, 64, 3, 8), MOEJIT_GEMM_PATH_MMA);
       OK(mj_tuned_table_put(&t, &e)); /* a repeated bucket replaces: same rule */
     }
-    /* from T = 2 (16 rows): T = 1 is a decode size, which mma buckets do
-     * not serve (a_tile_bucket_does_not_serve_decode_sizes) */
-    int64_t tok = 2 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
+    /* from T = 5: T <= 4 (k = 8) is within the decode layer's reach, which
+     * mma buckets past it do not serve
+     * (a_tile_bucket_does_not_serve_decode_sizes) */
+    int64_t tok = 5 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
     mj_tuned_match m;
     const mj_tuned_entry *e = mj_tuned_lookup(&t, "gemm2", &s, tok, &m);
     cr_assert_not_null(e);
@@ -964,13 +968,14 @@ static int one_bucket_pick(const moejit_spec *s, int64_t bucket, moejit_gemm_cfg
   return c.variant;
 }
 
-/* A table tuned without T = 1 (its first bucket T = 32, a tile path): at
- * decode sizes the forward keeps AUTO's GEMV kernel (and so the decode
- * layer) rather than the T = 32 tiles; the first T past them takes the
- * bucket again. moejit_tuned_choice's lookup agrees. MOEJIT_GEMM_GEMV=0
- * (no GEMV for AUTO either) lets the bucket serve T = 1. */
+/* A table tuned without T = 1 (its first bucket T = 32, a tile path):
+ * within the decode layer's reach (T <= 8, T * k <= 32) the forward runs
+ * the GEMV kernel (and so the decode layer) rather than the T = 32 tiles;
+ * the first T past it takes the bucket again. moejit_tuned_choice's lookup
+ * agrees. MOEJIT_GEMM_GEMV=0 (no GEMV for AUTO either) lets the bucket
+ * serve T = 1. */
 Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
-  moejit_spec s = qwen(); /* k = 8: T = 1 is 8 rows, the GEMV limit */
+  moejit_spec s = qwen(); /* k = 8: T <= 4 within the decode layer's reach */
   mj_tuned_table t;
   fill_header(&t, "dev");
   strcpy(t.origin, "dev.yaml");
@@ -987,17 +992,23 @@ Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
     OK(mj_gemm_choose(&s, &p.v, which, 1, "sm_90a", &c));
     cr_expect_eq(c.variant, -1, "%s T=1", kernel);
     cr_expect_eq(c.match, MJ_TUNED_NONE);
-    cr_expect_eq(c.path, MOEJIT_GEMM_PATH_AUTO);
+    cr_expect_eq(c.path, MOEJIT_GEMM_PATH_GEMV);
     cr_expect(c.plan.use_gemv, "%s T=1: %s", kernel, c.plan.entry);
     cr_expect_eq(c.fell_back, 0);
     mj_tuned_match m = MJ_TUNED_EXACT;
     cr_expect_null(mj_tuned_lookup(&t, kernel, &s, 1, &m), "%s", kernel);
     cr_expect_eq(m, MJ_TUNED_NONE);
-    OK(mj_gemm_choose(&s, &p.v, which, 2, "sm_90a", &c)); /* 16 rows: tiles again */
-    cr_expect_eq(c.variant, 0, "%s T=2", kernel);
+    /* 32 rows: still within the reach, the GEMV kernel past AUTO's 8 rows */
+    OK(mj_gemm_choose(&s, &p.v, which, 4, "sm_90a", &c));
+    cr_expect_eq(c.variant, -1, "%s T=4", kernel);
+    cr_expect(c.plan.use_gemv && c.path == MOEJIT_GEMM_PATH_GEMV, "%s T=4: %s", kernel,
+              c.plan.entry);
+    cr_expect_null(mj_tuned_lookup(&t, kernel, &s, 4, &m), "%s T=4", kernel);
+    OK(mj_gemm_choose(&s, &p.v, which, 5, "sm_90a", &c)); /* 40 rows: tiles again */
+    cr_expect_eq(c.variant, 0, "%s T=5", kernel);
     cr_expect_eq(c.match, MJ_TUNED_NEAREST);
-    cr_expect(!c.plan.use_gemv, "%s T=2: %s", kernel, c.plan.entry);
-    const mj_tuned_entry *e = mj_tuned_lookup(&t, kernel, &s, 2, &m);
+    cr_expect(!c.plan.use_gemv, "%s T=5: %s", kernel, c.plan.entry);
+    const mj_tuned_entry *e = mj_tuned_lookup(&t, kernel, &s, 5, &m);
     cr_expect(e && e->tokens == 32 && m == MJ_TUNED_NEAREST, "%s", kernel);
     setenv("MOEJIT_GEMM_GEMV", "0", 1);
     OK(mj_gemm_choose(&s, &p.v, which, 1, "sm_90a", &c));
@@ -1006,16 +1017,15 @@ Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
     cr_expect_not_null(mj_tuned_lookup(&t, kernel, &s, 1, &m));
     unsetenv("MOEJIT_GEMM_GEMV");
   }
-  /* a bucket of a decode size (T = 2 of a k = 4 model, 8 rows: timed
-   * against the GEMV kernel) serves the other decode sizes: T = 1 is 4
-   * rows and takes it */
+  /* a bucket within the reach (T = 2 of a k = 4 model: timed against the
+   * GEMV kernel) serves the other T there: T = 1 takes it */
   moejit_spec s4 = s;
   s4.top_k = 4;
   moejit_gemm_path path = MOEJIT_GEMM_PATH_AUTO;
   cr_expect_eq(one_bucket_pick(&s4, 2, ts_tile(16, 64, 64, 3, 4), MOEJIT_GEMM_PATH_MMA, &path), 0);
   cr_expect_eq(path, MOEJIT_GEMM_PATH_MMA);
-  /* a model whose T = 1 is more rows than the GEMV takes (k = 16) is not a
-   * decode size: the T = 32 bucket serves it */
+  /* a model of top-16 has no decode layer (its kernels take k <= 8): the
+   * T = 32 bucket serves T = 1 */
   moejit_spec s16 = s;
   s16.top_k = 16;
   cr_expect_eq(one_bucket_pick(&s16, 32, ts_tile(64, 128, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA, &path),
@@ -1085,16 +1095,19 @@ Test(tuned_pick, model_gemm_choice_describes_what_runs) {
   OK(moejit_model_gemm_choice(m, "gemm1", 1000, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_TUNED_NEAREST);
   cr_expect(strstr(desc, "tuned, nearest bucket T=4 for T=1000: 32x128x64"), "%s", desc);
-  /* T=1: 8 rows of qwen3's top-8, where AUTO runs the GEMV kernel */
+  /* T=1: 8 rows of qwen3's top-8, within the decode layer's reach (T <= 4
+   * at k = 8), where the GEMV kernel runs */
   OK(moejit_model_gemm_choice(m, "gemm2", 1, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_HEURISTIC);
   cr_expect(!strncmp(desc, "heuristic: ", 11) &&
                 strstr(desc,
-                       ", path auto, entry moejit_gemm2_gemv (/x/Fake_GPU.yaml has no "
+                       ", path gemv, entry moejit_gemm2_gemv (/x/Fake_GPU.yaml has no "
                        "gemm2 entry for bf16 d=2048"),
             "%s", desc);
   OK(moejit_model_gemm_choice(m, "gemm2", 2, desc, sizeof desc, &src));
-  cr_expect(strstr(desc, ", path auto, entry moejit_gemm2_mma ("), "T=2, 16 rows: %s", desc);
+  cr_expect(strstr(desc, ", path gemv, entry moejit_gemm2_gemv ("), "T=2, 16 rows: %s", desc);
+  OK(moejit_model_gemm_choice(m, "gemm2", 5, desc, sizeof desc, &src));
+  cr_expect(strstr(desc, ", path auto, entry moejit_gemm2_mma ("), "T=5, 40 rows: %s", desc);
   OK(moejit_model_gemm_choice(m, "gemm1", INT32_MAX / 8, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_TUNED_NEAREST);
   char small[12];

@@ -447,11 +447,12 @@ Test(layer, two_models_in_one_ctx) {
 
 /* ---- the decode layer ------------------------------------------------------------ */
 
-/* At T * k <= 8 with both GEMMs on the GEMV path the forward is two launches
- * (route + GEMM 1 in one, GEMM 2 + combine in the other): against the
- * reference and against the unfused chain ($MOEJIT_LAYER_DECODE=0), with
- * ragged K (chunks not a multiple of the warp), fp16, fp32 out, the sigmoid
- * rule, and experts holding every token's rows. */
+/* At T <= 8 and T * k <= 32 with both GEMMs on the GEMV path the forward
+ * is two launches (route + GEMM 1 in one, GEMM 2 + combine in the other;
+ * past 8 entries their wide pair): against the reference and against the
+ * unfused chain ($MOEJIT_LAYER_DECODE=0), with ragged K (chunks not a
+ * multiple of the warp), fp16, fp32 out, the sigmoid rule, and experts
+ * holding every token's rows. */
 
 static moejit_model *load_heuristic(const moejit_spec *s) {
   moejit_load_opts o;
@@ -500,9 +501,9 @@ static void decode_case(layer_io *io, int64_t tokens, ts_rng *rng, const char *w
   const moejit_spec *s = io->spec;
   const size_t nk = (size_t)tokens * s->top_k, ob = out_bytes(io, tokens);
   void *out_d = malloc(ob), *out_u = malloc(ob);
-  int32_t ids_d[8], ids_u[8];
-  float w_d[8], w_u[8];
-  cr_assert(out_d && out_u && nk <= 8);
+  int32_t ids_d[MOEJIT_DECODE_MAX_ENTRIES], ids_u[MOEJIT_DECODE_MAX_ENTRIES];
+  float w_d[MOEJIT_DECODE_MAX_ENTRIES], w_u[MOEJIT_DECODE_MAX_ENTRIES];
+  cr_assert(out_d && out_u && nk <= MOEJIT_DECODE_MAX_ENTRIES);
   char label[160];
   cr_assert(moejit_moe_decode_layer(io->model, tokens), "%s T=%lld: no decode layer", what,
             (long long)tokens);
@@ -549,22 +550,27 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
     int64_t hidden, width;
     int top_k;
     moejit_dtype act, out;
-    int64_t tokens[4];
+    int64_t tokens[5];
     int64_t hot; /* T of the all-tokens-on-the-same-experts case, 0: none */
   } cases[] = {
       /* mixtral-shaped, k = 1: eight routing warps, one expert with 8 rows;
        * K = 1032 and 776 leave a ragged last chunk */
       {"mixtral-8x7b", 1032, 776, 1, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 5, 8, 0}, 8},
-      {"mixtral-8x7b", 1024, 512, 2, MOEJIT_DTYPE_FP16, MOEJIT_DTYPE_FP32, {1, 3, 4, 0}, 4},
-      {"qwen3-30b-a3b", 2048, 768, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
-      {"deepseek-v3", 1024, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
+      /* k = 2: T = 6 and 8 take the wide pair (12 and 16 entries, 4 bits
+       * an entry), every expert of the hot case 8 rows */
+      {"mixtral-8x7b", 1024, 512, 2, MOEJIT_DTYPE_FP16, MOEJIT_DTYPE_FP32, {1, 3, 4, 6, 8}, 8},
+      /* k = 8: T = 2 to 4 wide (16 to 32 entries), up to 4 rows an expert */
+      {"qwen3-30b-a3b", 2048, 768, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 2, 4, 0}, 4},
+      {"deepseek-v3", 1024, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 3, 0}, 3},
       /* eight experts, so the entries share them: k = 3 (two rows an
-       * expert at T = 2; 6 of a block's 8 warps busy), k = 6 (idle warps
-       * in every block) and k = 8 at d = 7168 (several units a warp in
-       * GEMM 2: 1792 column groups) */
-      {"mixtral-8x7b", 1536, 384, 3, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 2, 0}, 2},
-      {"mixtral-8x7b", 2048, 256, 6, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
-      {"mixtral-8x7b", 7168, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 0}, 1},
+       * expert at T = 2; 6 of a block's 8 warps busy; T = 7: 21 entries,
+       * 5 bits an entry), k = 6 (idle warps in every block; T = 5: 30
+       * entries, 5 rows an expert in 8-row units) and k = 8 at d = 7168
+       * (several units a warp in GEMM 2: 1792 column groups; T = 4: every
+       * expert 4 rows) */
+      {"mixtral-8x7b", 1536, 384, 3, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 2, 7, 0}, 7},
+      {"mixtral-8x7b", 2048, 256, 6, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 5, 0}, 5},
+      {"mixtral-8x7b", 7168, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 4, 0}, 4},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     moejit_spec s;
@@ -576,7 +582,8 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
     char what[128];
     snprintf(what, sizeof what, "%s d=%lld f=%lld k=%d", cases[c].preset,
              (long long)cases[c].hidden, (long long)cases[c].width, cases[c].top_k);
-    for (int i = 0; i < 4 && cases[c].tokens[i]; i++) decode_case(&io, cases[c].tokens[i], &rng, what);
+    for (int i = 0; i < 5 && cases[c].tokens[i]; i++)
+      decode_case(&io, cases[c].tokens[i], &rng, what);
     /* GEMM 1 pulling W2 into L2 for GEMM 2 (off unless asked for) */
     char pf[160];
     snprintf(pf, sizeof pf, "%s, W2 prefetched", what);
@@ -589,8 +596,11 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
       snprintf(hot, sizeof hot, "%s, every token on the same experts", what);
       decode_case(&io, cases[c].hot, &rng, hot);
     }
-    /* past 8 entries the forward is the unfused chain */
-    cr_expect(!moejit_moe_decode_layer(m, 8 / cases[c].top_k + 1), "%s: decode past 8 entries", what);
+    /* past 8 tokens or 32 entries the forward is the unfused chain */
+    const int64_t reach = 32 / cases[c].top_k < 8 ? 32 / cases[c].top_k : 8;
+    cr_expect(moejit_moe_decode_layer(m, reach), "%s: no decode layer at T = %lld", what,
+              (long long)reach);
+    cr_expect(!moejit_moe_decode_layer(m, reach + 1), "%s: decode layer past its reach", what);
     io_free(&io);
     moejit_model_destroy(m);
   }

@@ -236,8 +236,12 @@ Test(layer_tuned, report_choice_and_outputs_at_every_bucket) {
 
   cr_expect_eq(choice(m, "gemm1", 1, desc, sizeof desc), MOEJIT_CONFIG_TUNED_EXACT, "%s", desc);
   cr_expect(strstr(desc, "16x64x64 s3 w4, path mma, entry moejit_gemm1_swiglu_mma"), "%s", desc);
+  /* T = 5 (10 entries) is within the decode layer's reach (T <= 8 at
+   * k = 2), which the T = 16 bucket past it does not serve; T = 9 is not */
   cr_expect_eq(choice(m, "gemm1", 5, desc, sizeof desc), MOEJIT_CONFIG_TUNED_NEAREST, "%s", desc);
-  cr_expect(strstr(desc, "nearest bucket T=16 for T=5: 64x64x64 s8 w8"), "%s", desc);
+  cr_expect(strstr(desc, "nearest bucket T=1 for T=5: 16x64x64 s3 w4"), "%s", desc);
+  cr_expect_eq(choice(m, "gemm1", 9, desc, sizeof desc), MOEJIT_CONFIG_TUNED_NEAREST, "%s", desc);
+  cr_expect(strstr(desc, "nearest bucket T=16 for T=9: 64x64x64 s8 w8"), "%s", desc);
   cr_expect_eq(choice(m, "gemm2", 2, desc, sizeof desc), MOEJIT_CONFIG_TUNED_EXACT, "%s", desc);
   cr_expect_eq(choice(m, "gemm2", MAX_T, desc, sizeof desc), MOEJIT_CONFIG_TUNED_NEAREST);
   cr_expect(strstr(desc, "T=64 for T=300"), "%s", desc);
@@ -476,13 +480,13 @@ Test(layer_tuned, moejit_run_shows_sources_and_choices) {
                             "        routing: {rule: softmax_topk, renormalize: true}}\n"
                             "dtypes: {activation: bf16, weight: bf16, logits: fp32, output: bf16}\n"
                             "target: {arch: auto}\n");
-  const char *args[] = {"run", cfg, "--tokens", "1,5,300", "--iters", "2", NULL};
+  const char *args[] = {"run", cfg, "--tokens", "1,9,300", "--iters", "2", NULL};
   char *out = NULL, *err = NULL;
   int rc = ts_run_cli(args, NULL, &out, &err);
   cr_assert_eq(rc, 0, "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
   cr_expect(strstr(out, "3 buckets, T=1..256") && strstr(out, "tuned: ") && strstr(out, path),
             "stdout: %s", out);
-  cr_expect(strstr(out, "T=5      gemm1: tuned, nearest bucket T=16 for T=5"), "stdout: %s", out);
+  cr_expect(strstr(out, "T=9      gemm1: tuned, nearest bucket T=16 for T=9"), "stdout: %s", out);
   cr_expect(strstr(out, "T=1      gemm1: tuned, exact bucket T=1"), "stdout: %s", out);
   free(out), free(err);
   const char *json[] = {"run", cfg, "--tokens", "1,5", "--iters", "2", "--json", NULL};
