@@ -142,6 +142,11 @@ static inline int mj_decode_wide(const moejit_spec *spec, int64_t tokens) {
   return tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS;
 }
 
+/* The path of the layer's choice at `tokens` where no tuned bucket serves
+ * (gemm_choice.c): the GEMV kernel within the decode layer's reach where it
+ * runs, else AUTO. The tuner times the same as its heuristic. */
+moejit_gemm_path mj_layer_heuristic_path(const moejit_spec *spec, int which, int64_t tokens);
+
 /* Resident blocks an SM of the decode layer's GEMM 2 launch
  * (templates/common/gemm_gemv.cuh kDecode2BlocksPerSm): for the first pair
  * of entries, 4 where an expert holds one row at most

@@ -150,6 +150,17 @@ static int nearest_variant(const moejit_spec *spec, int which, const mj_gemm_var
   return best;
 }
 
+/* Within the decode layer's reach the GEMV kernel, where it runs: an
+ * expert holds at most T <= 8 rows (one pass over its weights), and the
+ * layer then runs its two-launch decode form; AUTO elsewhere (which is the
+ * GEMV kernel too up to MOEJIT_GEMV_MAX_ROWS rows). */
+moejit_gemm_path mj_layer_heuristic_path(const moejit_spec *spec, int which, int64_t tokens) {
+  return mj_decode_reach(spec, tokens) && mj_gemm_gemv_enabled() &&
+                 !mj_gemm_gemv_blocker(spec, which)
+             ? MOEJIT_GEMM_PATH_GEMV
+             : MOEJIT_GEMM_PATH_AUTO;
+}
+
 moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v, int which,
                              int64_t tokens, const char *arch, mj_gemm_choice *c) {
   const int64_t rows = tokens * spec->top_k;
@@ -173,14 +184,7 @@ moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v,
     c->variant = -1;
   }
   c->spec = spec;
-  /* Within the decode layer's reach the GEMV kernel, where it runs: an
-   * expert holds at most T <= 8 rows (one pass over its weights), and the
-   * layer then runs its two-launch decode form; AUTO elsewhere (which is
-   * the GEMV kernel too up to MOEJIT_GEMV_MAX_ROWS rows). */
-  c->path = mj_decode_reach(spec, tokens) && mj_gemm_gemv_enabled() &&
-                    !mj_gemm_gemv_blocker(spec, which)
-                ? MOEJIT_GEMM_PATH_GEMV
-                : MOEJIT_GEMM_PATH_AUTO;
+  c->path = mj_layer_heuristic_path(spec, which, tokens);
   return mj_gemm_plan_make_for(spec, which, c->path, rows, arch, &c->plan);
 }
 
