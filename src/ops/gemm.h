@@ -84,10 +84,10 @@ int mj_gemm_gemv_enabled(void);
  * `tokens` (any other T than its own): not within the decode layer's reach
  * (mj_decode_reach: T <= 8, T * k <= 32), where the layer's choice without
  * a bucket is the GEMV kernel (mj_gemm_choose) and the layer runs its
- * two-launch decode form, unless the bucket is a GEMV one or within that
- * reach itself (timed against the GEMV kernel when it was tuned). A table
- * tuned without T = 1 would otherwise hand T = 1 the tiles of its T = 32
- * bucket.
+ * two-launch decode form, unless the bucket is a GEMV one or of at most
+ * MOEJIT_GEMV_MAX_ROWS rows (timed against the GEMV kernel when it was
+ * tuned). A table tuned without T = 1 would otherwise hand T = 1 the tiles
+ * of its T = 32 bucket.
  * Model loads and moejit_tuned_choice both ask it. */
 int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, moejit_gemm_path path,
                           int64_t tokens);

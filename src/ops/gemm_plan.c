@@ -114,9 +114,12 @@ int mj_gemm_gemv_enabled(void) {
 int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, moejit_gemm_path path,
                           int64_t tokens) {
   if (bucket == tokens || path == MOEJIT_GEMM_PATH_GEMV) return 1;
-  /* a bucket within the decode layer's reach was itself timed against the
-   * GEMV kernel */
-  if (!mj_decode_reach(spec, tokens) || mj_decode_reach(spec, bucket)) return 1;
+  /* within the decode layer's reach only a bucket of at most
+   * MOEJIT_GEMV_MAX_ROWS rows serves another T: the tuner timed those
+   * against the GEMV kernel and keeps a tile there only where it saves
+   * more than the decode layer; a larger one there (e.g. a pin `moejit tune
+   * --check-layer` placed against the six-launch chain) serves its own T */
+  if (!mj_decode_reach(spec, tokens) || bucket * spec->top_k <= MOEJIT_GEMV_MAX_ROWS) return 1;
   return !mj_gemm_gemv_enabled() || mj_gemm_gemv_blocker(spec, which) != NULL;
 }
 

@@ -1034,6 +1034,37 @@ Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
   mj_tuned_table_free(&t);
 }
 
+/* A tile bucket within the decode layer's reach but of more than 8 rows
+ * (T = 2 of a top-8 model: 16 rows, as `--check-layer` pins one) was never
+ * timed against the GEMV kernel: it serves its own T only, and T = 1, 3
+ * and 4 keep the GEMV kernel (the decode layer); T = 5, past the reach,
+ * takes it again. */
+Test(tuned_pick, a_wide_tile_bucket_in_the_decode_reach_serves_its_own_t) {
+  moejit_spec s = qwen();
+  mj_tuned_table t;
+  fill_header(&t, "dev");
+  const mj_tuned_entry e =
+      ts_tuned_entry(&s, "gemm2", 2, ts_tile(64, 128, 64, 8, 8), MOEJIT_GEMM_PATH_WGMMA);
+  OK(mj_tuned_table_put(&t, &e));
+  picked p = collect(&t, NULL, &s, 2, "sm_90a");
+  cr_assert_eq(p.v.n, 1);
+  const struct {
+    int64_t tokens;
+    int variant;
+  } cases[] = {{1, -1}, {2, 0}, {3, -1}, {4, -1}, {5, 0}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
+    mj_gemm_choice c;
+    OK(mj_gemm_choose(&s, &p.v, 2, cases[i].tokens, "sm_90a", &c));
+    cr_expect_eq(c.variant, cases[i].variant, "T=%lld", (long long)cases[i].tokens);
+    cr_expect_eq(c.plan.use_gemv, cases[i].variant < 0, "T=%lld: %s",
+                 (long long)cases[i].tokens, c.plan.entry);
+    mj_tuned_match m;
+    const mj_tuned_entry *hit = mj_tuned_lookup(&t, "gemm2", &s, cases[i].tokens, &m);
+    cr_expect_eq(hit != NULL, cases[i].variant == 0, "lookup T=%lld", (long long)cases[i].tokens);
+  }
+  mj_tuned_table_free(&t);
+}
+
 /* A 16x32 tile makes 64 times the heuristic's CTAs: at the largest T its
  * grid outgrows int32 while the heuristic's fits, so that call falls back. */
 Test(tuned_pick, a_variant_whose_plan_fails_at_this_t_falls_back) {
