@@ -126,8 +126,7 @@ static inline const char *mj_gemm1_gather_entry(const mj_gemm_plan *plan) {
  * columns); its GEMM 2 units are MJ_GEMV2_COLS columns. */
 #define MJ_DECODE1_COLS 1
 /* Whether `tokens` tokens are within the decode layer's reach
- * (moejit_moe_decode_layer: its kernels take top_k <= MOEJIT_GEMV_PASS_ROWS),
- * and whether they take its wide pair of entries. */
+ * (moejit_moe_decode_layer: its kernels take top_k <= MOEJIT_GEMV_PASS_ROWS). */
 static inline int mj_decode_reach(const moejit_spec *spec, int64_t tokens) {
   return spec->top_k <= MOEJIT_GEMV_PASS_ROWS && tokens >= 1 &&
          tokens <= MOEJIT_DECODE_MAX_TOKENS && tokens * spec->top_k <= MOEJIT_DECODE_MAX_ENTRIES;
@@ -138,13 +137,14 @@ static inline int64_t mj_decode_max_tokens(const moejit_spec *spec) {
   const int64_t t = MOEJIT_DECODE_MAX_ENTRIES / spec->top_k;
   return t < MOEJIT_DECODE_MAX_TOKENS ? t : MOEJIT_DECODE_MAX_TOKENS;
 }
+/* Whether a T within the reach takes the wide pair of entries. */
 static inline int mj_decode_wide(const moejit_spec *spec, int64_t tokens) {
   return tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS;
 }
 
 /* The path of the layer's choice at `tokens` where no tuned bucket serves
  * (gemm_choice.c): the GEMV kernel within the decode layer's reach where it
- * runs, else AUTO. The tuner times the same as its heuristic. */
+ * runs, else AUTO. (The tuner's heuristic row stays AUTO: docs/tune.md.) */
 moejit_gemm_path mj_layer_heuristic_path(const moejit_spec *spec, int which, int64_t tokens);
 
 /* Resident blocks an SM of the decode layer's GEMM 2 launch
