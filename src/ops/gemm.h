@@ -125,17 +125,17 @@ static inline const char *mj_gemm1_gather_entry(const mj_gemm_plan *plan) {
 /* The decode layer's GEMM 1 units (templates/gemm1.cu kDecode1Cols: h
  * columns); its GEMM 2 units are MJ_GEMV2_COLS columns. */
 #define MJ_DECODE1_COLS 1
-/* Whether `tokens` tokens are within the decode layer's reach
- * (moejit_moe_decode_layer: its kernels take top_k <= MOEJIT_GEMV_PASS_ROWS). */
-static inline int mj_decode_reach(const moejit_spec *spec, int64_t tokens) {
-  return spec->top_k <= MOEJIT_GEMV_PASS_ROWS && tokens >= 1 &&
-         tokens <= MOEJIT_DECODE_MAX_TOKENS && tokens * spec->top_k <= MOEJIT_DECODE_MAX_ENTRIES;
-}
-/* The most tokens within the decode layer's reach (0: none). */
+/* The most tokens within the decode layer's reach (moejit_moe_decode_layer:
+ * at most MOEJIT_DECODE_MAX_TOKENS and MOEJIT_DECODE_MAX_ENTRIES entries;
+ * its kernels take top_k <= MOEJIT_GEMV_PASS_ROWS), 0 for none; and whether
+ * `tokens` tokens are within it. */
 static inline int64_t mj_decode_max_tokens(const moejit_spec *spec) {
   if (spec->top_k < 1 || spec->top_k > MOEJIT_GEMV_PASS_ROWS) return 0;
   const int64_t t = MOEJIT_DECODE_MAX_ENTRIES / spec->top_k;
   return t < MOEJIT_DECODE_MAX_TOKENS ? t : MOEJIT_DECODE_MAX_TOKENS;
+}
+static inline int mj_decode_reach(const moejit_spec *spec, int64_t tokens) {
+  return tokens >= 1 && tokens <= mj_decode_max_tokens(spec);
 }
 /* Whether a T within the reach takes the wide pair of entries. */
 static inline int mj_decode_wide(const moejit_spec *spec, int64_t tokens) {

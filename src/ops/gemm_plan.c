@@ -114,13 +114,14 @@ int mj_gemm_gemv_enabled(void) {
 int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, moejit_gemm_path path,
                           int64_t tokens) {
   if (bucket == tokens || path == MOEJIT_GEMM_PATH_GEMV) return 1;
-  /* within the decode layer's reach only a bucket of at most
-   * MOEJIT_GEMV_MAX_ROWS rows serves another T: the tuner timed those
-   * against the GEMV kernel and keeps a tile there only where it saves
-   * more than the decode layer; a larger one there (e.g. a pin `moejit tune
-   * --check-layer` placed against the six-launch chain) serves its own T */
-  if (!mj_decode_reach(spec, tokens) || bucket * spec->top_k <= MOEJIT_GEMV_MAX_ROWS) return 1;
-  return !mj_gemm_gemv_enabled() || mj_gemm_gemv_blocker(spec, which) != NULL;
+  /* where the layer's own choice is the GEMV kernel (within the decode
+   * layer's reach) only a bucket of at most MOEJIT_GEMV_MAX_ROWS rows serves
+   * another T: the tuner timed those against the GEMV kernel and keeps a
+   * tile there only where it saves more than the decode layer; a larger one
+   * there (e.g. a pin `moejit tune --check-layer` placed against the
+   * six-launch chain) serves its own T */
+  return bucket * spec->top_k <= MOEJIT_GEMV_MAX_ROWS ||
+         mj_layer_heuristic_path(spec, which, tokens) != MOEJIT_GEMM_PATH_GEMV;
 }
 
 int mj_gemm_cfg_equal(const moejit_gemm_cfg *a, const moejit_gemm_cfg *b) {

@@ -110,7 +110,7 @@ static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout
   /* the decode layer keeps GEMM 2's fp32 partial rows where xs and y go:
    * room for those of the most entries any T up to `tokens` within its
    * reach makes, so that a workspace sized for T serves every smaller T */
-  const int64_t t_dec = tokens < mj_decode_max_tokens(s) ? tokens : mj_decode_max_tokens(s);
+  const int64_t t_max = mj_decode_max_tokens(s), t_dec = tokens < t_max ? tokens : t_max;
   const size_t xs_y = entries * (size_t)s->hidden * act;
   const size_t part = (size_t)t_dec * (size_t)s->top_k * (size_t)s->hidden * 4;
   l->xs_y = take(&c, part > xs_y ? part : xs_y);

@@ -189,7 +189,7 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
     st = warm_add(w, kspec, plan->family, which == 1 ? MJ_ENTRY_DECODE1 : MJ_ENTRY_DECODE2, what);
   /* the wide pair where some T within the decode layer's reach passes the
    * first pair's entries */
-  if (!st && plan->use_gemv && mj_decode_wide(spec, MOEJIT_DECODE_MAX_TOKENS))
+  if (!st && plan->use_gemv && mj_decode_wide(spec, mj_decode_max_tokens(spec)))
     st = warm_add(w, kspec, plan->family,
                   which == 1 ? MJ_ENTRY_DECODE1_WIDE : MJ_ENTRY_DECODE2_WIDE, what);
   const char *gather = which == 1 ? mj_gemm1_gather_entry(plan) : NULL;
