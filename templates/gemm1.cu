@@ -184,8 +184,8 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
 
 // ---- the decode layer: route + GEMM 1 + SwiGLU, then GEMM 2 + combine ------------
 // tokens <= kDecodeMaxTokens and tokens * kTopK <= kEntries (kGemvPassRows
-// for moejit_layer_decode_gemm1, kDecodeWideEntries for its _wide twin; the
-// host checks). Warp t of every block
+// for moejit_layer_decode_gemm1, kDecodeWideEntries for its _wide twin,
+// kDecodeWide64Entries for _wide64; the host checks). Warp t of every block
 // routes token t (common/route.cuh: the router kernel's code, so the same
 // picks and weights to the bit); block 0 writes them out for the caller
 // (and the second launch) and zeroes GEMM 2's column-group counters. h rows
@@ -289,6 +289,20 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
                                    const weight_t *__restrict__ w2, int prefetch) {
   mj_decode_gemm1<kDecodeWideEntries>(logits, bias, x, w, h, topk_ids, topk_weights, tokens,
                                       counters, w2, prefetch);
+}
+#endif
+
+// Past kDecodeWideEntries entries.
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm1_wide64)
+extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
+    moejit_layer_decode_gemm1_wide64(const logits_t *__restrict__ logits,
+                                     const float *__restrict__ bias, const act_t *__restrict__ x,
+                                     const weight_t *__restrict__ w, act_t *__restrict__ h,
+                                     int *__restrict__ topk_ids, float *__restrict__ topk_weights,
+                                     int tokens, unsigned *__restrict__ counters,
+                                     const weight_t *__restrict__ w2, int prefetch) {
+  mj_decode_gemm1<kDecodeWide64Entries>(logits, bias, x, w, h, topk_ids, topk_weights, tokens,
+                                        counters, w2, prefetch);
 }
 #endif
 

@@ -371,6 +371,19 @@ extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
 }
 #endif
 
+// Past kDecodeWideEntries entries.
+#if !defined(MJ_ENTRY_SUBSET) || defined(MJ_WANT_moejit_layer_decode_gemm2_wide64)
+extern "C" __global__ void __launch_bounds__(kGemvThreads, kGemvBlocksPerSm)
+    moejit_layer_decode_gemm2_wide64(const act_t *__restrict__ h, const weight_t *__restrict__ w,
+                                     const int *__restrict__ topk_ids,
+                                     const float *__restrict__ topk_weights, int tokens,
+                                     out_t *__restrict__ out, float *__restrict__ part,
+                                     unsigned *__restrict__ counters, int block_combine) {
+  mj_decode_gemm2<kDecodeWide64Entries>(h, w, topk_ids, topk_weights, tokens, out, part, counters,
+                                        block_combine);
+}
+#endif
+
 // ---- Hopper path (wgmma + TMA), sm_90a --------------------------------------
 
 // GEMM 2 stores through the consumer warps' staging buffers (mj_wg_store_rows)

@@ -222,11 +222,11 @@ MOEJIT_API moejit_status moejit_moe_forward(const moejit_model *model, const moe
 /* The decode layer's reach: at most MOEJIT_DECODE_MAX_TOKENS tokens and
  * MOEJIT_DECODE_MAX_ENTRIES token-slot entries (T * top_k). */
 #define MOEJIT_DECODE_MAX_TOKENS 8
-#define MOEJIT_DECODE_MAX_ENTRIES 32
+#define MOEJIT_DECODE_MAX_ENTRIES 64
 
 /* 1 when moejit_moe_forward of `tokens` tokens runs the two-launch decode
  * layer: T <= MOEJIT_DECODE_MAX_TOKENS (8) and T * top_k <=
- * MOEJIT_DECODE_MAX_ENTRIES (32) token-slot entries, both GEMMs on the
+ * MOEJIT_DECODE_MAX_ENTRIES (64) token-slot entries, both GEMMs on the
  * GEMV path (moejit_model_gemm_choice), one GPU, and $MOEJIT_LAYER_DECODE
  * not "0". 0 otherwise, also for a NULL model or tokens out of range. Host
  * only. docs/layer.md, "Decode". */

@@ -82,7 +82,7 @@ int mj_gemm_gemv_enabled(void);
 
 /* Whether a tuned bucket of `bucket` tokens, run on `path`, may serve
  * `tokens` (any other T than its own): not within the decode layer's reach
- * (mj_decode_reach: T <= 8, T * k <= 32), where the layer's choice without
+ * (mj_decode_reach: T <= 8, T * k <= 64), where the layer's choice without
  * a bucket is the GEMV kernel (mj_gemm_choose) and the layer runs its
  * two-launch decode form, unless the bucket is a GEMV one or of at most
  * MOEJIT_GEMV_MAX_ROWS rows (timed against the GEMV kernel when it was
@@ -106,10 +106,15 @@ int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, mo
 #define MJ_ENTRY_DECODE1 "moejit_layer_decode_gemm1"
 #define MJ_ENTRY_DECODE2 "moejit_layer_decode_gemm2"
 /* The decode layer's wide pair, past MOEJIT_GEMV_PASS_ROWS entries (up to
- * MOEJIT_DECODE_MAX_ENTRIES: templates/common/gemm_gemv.cuh
- * kDecodeWideEntries; MOEJIT_DECODE_MAX_TOKENS is its kDecodeMaxTokens). */
+ * MJ_DECODE_WIDE_ENTRIES: templates/common/gemm_gemv.cuh
+ * kDecodeWideEntries), and its _wide64 pair past those (up to
+ * MOEJIT_DECODE_MAX_ENTRIES: kDecodeWide64Entries; MOEJIT_DECODE_MAX_TOKENS
+ * is its kDecodeMaxTokens). */
+#define MJ_DECODE_WIDE_ENTRIES 32
 #define MJ_ENTRY_DECODE1_WIDE "moejit_layer_decode_gemm1_wide"
 #define MJ_ENTRY_DECODE2_WIDE "moejit_layer_decode_gemm2_wide"
+#define MJ_ENTRY_DECODE1_WIDE64 "moejit_layer_decode_gemm1_wide64"
+#define MJ_ENTRY_DECODE2_WIDE64 "moejit_layer_decode_gemm2_wide64"
 #define MJ_ENTRY_GEMM1_GATHER "moejit_gemm1_swiglu_wgmma_gather"
 #define MJ_ENTRY_GEMM1_NARROW_GATHER "moejit_gemm1_swiglu_wgmma_narrow_gather"
 
@@ -137,9 +142,18 @@ static inline int64_t mj_decode_max_tokens(const moejit_spec *spec) {
 static inline int mj_decode_reach(const moejit_spec *spec, int64_t tokens) {
   return tokens >= 1 && tokens <= mj_decode_max_tokens(spec);
 }
-/* Whether a T within the reach takes the wide pair of entries. */
-static inline int mj_decode_wide(const moejit_spec *spec, int64_t tokens) {
-  return tokens * spec->top_k > MOEJIT_GEMV_PASS_ROWS;
+/* The pair of entries a T within the reach takes: 0 the first (up to
+ * MOEJIT_GEMV_PASS_ROWS entries), 1 the wide (up to MJ_DECODE_WIDE_ENTRIES),
+ * 2 the _wide64; and the entry of GEMM `which` (1 or 2) of pair `pair`. */
+static inline int mj_decode_pair(const moejit_spec *spec, int64_t tokens) {
+  const int64_t entries = tokens * spec->top_k;
+  return entries <= MOEJIT_GEMV_PASS_ROWS ? 0 : entries <= MJ_DECODE_WIDE_ENTRIES ? 1 : 2;
+}
+static inline const char *mj_decode_entry(int which, int pair) {
+  static const char *const entries[2][3] = {
+      {MJ_ENTRY_DECODE1, MJ_ENTRY_DECODE1_WIDE, MJ_ENTRY_DECODE1_WIDE64},
+      {MJ_ENTRY_DECODE2, MJ_ENTRY_DECODE2_WIDE, MJ_ENTRY_DECODE2_WIDE64}};
+  return entries[which == 1 ? 0 : 1][pair < 0 ? 0 : pair > 2 ? 2 : pair];
 }
 
 /* The path of the layer's choice at `tokens` where no tuned bucket serves
@@ -152,9 +166,9 @@ moejit_gemm_path mj_layer_heuristic_path(const moejit_spec *spec, int which, int
  * of entries, 4 where an expert holds one row at most
  * (MOEJIT_GEMV_PASS_ROWS / top_k tokens <= 1; its k picks are distinct
  * experts) and the units number at most 4096, MJ_GEMV_BLOCKS_PER_SM
- * otherwise and for the wide pair. */
-static inline int mj_decode2_blocks_per_sm(int top_k, int64_t hidden, int wide) {
-  const int one_row = !wide && top_k > 0 && MOEJIT_GEMV_PASS_ROWS / top_k <= 1;
+ * otherwise and for the wide pairs (pair > 0). */
+static inline int mj_decode2_blocks_per_sm(int top_k, int64_t hidden, int pair) {
+  const int one_row = pair == 0 && top_k > 0 && MOEJIT_GEMV_PASS_ROWS / top_k <= 1;
   return one_row && hidden / MJ_GEMV2_COLS * MOEJIT_GEMV_PASS_ROWS <= 4096 ? 4
                                                                            : MJ_GEMV_BLOCKS_PER_SM;
 }

@@ -410,8 +410,9 @@ moejit_status mj_moe_experts(const moejit_model *m, int64_t tokens, const void *
 
 /* At T <= MOEJIT_DECODE_MAX_TOKENS and T * k <= MOEJIT_DECODE_MAX_ENTRIES
  * (mj_decode_reach) the forward is the decode layer, two launches of the
- * GEMM modules (their wide pair, _wide, past MOEJIT_GEMV_PASS_ROWS
- * entries): moejit_layer_decode_gemm1 (templates/
+ * GEMM modules (their wide pairs, _wide past MOEJIT_GEMV_PASS_ROWS
+ * entries and _wide64 past MJ_DECODE_WIDE_ENTRIES: mj_decode_pair):
+ * moejit_layer_decode_gemm1 (templates/
  * gemm1.cu) routes (every block, the router's own code), runs GEMM 1 +
  * SwiGLU on x rows directly, zeroes the column-group counters and, where
  * they fit, pulls the active experts' W2 into L2; moejit_layer_decode_gemm2
@@ -509,11 +510,9 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
                                    moejit_stream stream) {
   const moejit_spec *s = &m->spec;
   moejit_kernel *k1, *k2;
-  const int wide = mj_decode_wide(s, a->tokens);
-  moejit_status st =
-      decode_kernel(m, &c->gemm[0], 1, wide ? MJ_ENTRY_DECODE1_WIDE : MJ_ENTRY_DECODE1, &k1);
-  if (!st)
-    st = decode_kernel(m, &c->gemm[1], 2, wide ? MJ_ENTRY_DECODE2_WIDE : MJ_ENTRY_DECODE2, &k2);
+  const int pair = mj_decode_pair(s, a->tokens);
+  moejit_status st = decode_kernel(m, &c->gemm[0], 1, mj_decode_entry(1, pair), &k1);
+  if (!st) st = decode_kernel(m, &c->gemm[1], 2, mj_decode_entry(2, pair), &k2);
   if (st) return mj_model_fail(m, mj_fail_prefix(st, "moejit_moe_forward"));
   const void *x = a->x, *logits = a->logits, *bias = a->route_bias, *w1 = a->w1, *w2 = a->w2;
   void *h = AT(a->workspace, l->h), *out = a->out, *part = AT(a->workspace, l->xs_y);
@@ -525,7 +524,7 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   const unsigned grid1[3] = {
       decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS), MJ_GEMV_BLOCKS_PER_SM), 1, 1};
   const int64_t groups = s->hidden / MJ_GEMV2_COLS;
-  const int per_sm2 = mj_decode2_blocks_per_sm(s->top_k, s->hidden, wide);
+  const int per_sm2 = mj_decode2_blocks_per_sm(s->top_k, s->hidden, pair);
   int prefetch = decode_prefetch(), block_combine = decode_block_combine();
   const unsigned grid2[3] = {block_combine ? decode2_block_grid(m, groups, active, per_sm2)
                                            : decode_blocks(m, active * groups, per_sm2),

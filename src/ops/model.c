@@ -185,13 +185,11 @@ static moejit_status warm_plan(warm_list *w, const moejit_spec *spec, int which,
   moejit_spec scratch;
   const moejit_spec *kspec = mj_gemm_kernel_spec(spec, which, plan, &scratch);
   moejit_status st = warm_add(w, kspec, plan->family, plan->entry, what);
-  if (!st && plan->use_gemv)
-    st = warm_add(w, kspec, plan->family, which == 1 ? MJ_ENTRY_DECODE1 : MJ_ENTRY_DECODE2, what);
-  /* the wide pair where some T within the decode layer's reach passes the
-   * first pair's entries */
-  if (!st && plan->use_gemv && mj_decode_wide(spec, mj_decode_max_tokens(spec)))
-    st = warm_add(w, kspec, plan->family,
-                  which == 1 ? MJ_ENTRY_DECODE1_WIDE : MJ_ENTRY_DECODE2_WIDE, what);
+  /* each pair some T within the decode layer's reach takes: the first, the
+   * wide past its entries, the _wide64 past the wide's */
+  const int pairs = plan->use_gemv ? mj_decode_pair(spec, mj_decode_max_tokens(spec)) : -1;
+  for (int pair = 0; !st && pair <= pairs; pair++)
+    st = warm_add(w, kspec, plan->family, mj_decode_entry(which, pair), what);
   const char *gather = which == 1 ? mj_gemm1_gather_entry(plan) : NULL;
   if (!st && gather) st = warm_add(w, kspec, plan->family, gather, what);
   return st;

@@ -99,10 +99,13 @@ __device__ __forceinline__ int mj_gemv_active_experts(const int *offsets, int ma
 // The decode layer (below) takes T <= kDecodeMaxTokens tokens (warp t of a
 // block routes token t) and at most kEntries token-slot entries p = t * k +
 // j: kGemvPassRows (8) in its first pair of entries, kDecodeWideEntries
-// (32) in its wide pair, which the host launches past 8 entries
-// (src/ops/gemm.h mirrors both: MJ_DECODE_*).
+// (32) in its wide pair, which the host launches past 8 entries, and
+// kDecodeWide64Entries (64: 8 tokens of top-8) in its _wide64 pair, past 32
+// (src/ops/gemm.h mirrors them: MJ_DECODE_*; include/moejit/layer.h the
+// reach, MOEJIT_DECODE_MAX_*). Each pair is built for its most entries
+// (larger units, more shared memory), so a smaller T keeps a smaller pair.
 enum : int { kDecodeMaxTokens = kGemvWarps };
-enum : int { kDecodeWideEntries = 32 };
+enum : int { kDecodeWideEntries = 32, kDecodeWide64Entries = 64 };
 
 template <bool C, typename A, typename B>
 struct mj_if {
@@ -114,13 +117,13 @@ struct mj_if<false, A, B> {
 };
 
 // An expert's rows among the entries (at most one a token): their entry
-// indices, ascending, kBits each: 4 in 32 bits up to 16 entries, else 5 in
-// 64 bits.
+// indices, ascending, kBits each: 4 in 32 bits up to 16 entries, else 5 (up
+// to 32) or 6 (up to 64) in 64 bits.
 template <int kEntries>
 struct mj_decode_packed {
   typedef typename mj_if<(kEntries <= 16), unsigned, unsigned long long>::type word;
-  enum : int { kBits = kEntries <= 16 ? 4 : 5 };
-  static_assert(kEntries <= 32 && kDecodeMaxTokens * kBits <= 8 * (int)sizeof(word),
+  enum : int { kBits = kEntries <= 16 ? 4 : kEntries <= 32 ? 5 : 6 };
+  static_assert(kEntries <= 64 && kDecodeMaxTokens * kBits <= 8 * (int)sizeof(word),
                 "decode: an expert's entries must fit the packed word");
   word v;
   __device__ __forceinline__ int entry(int r) const {
@@ -172,7 +175,8 @@ __device__ __forceinline__ void mj_gemv_dot(const WT *const (&w)[NW], const Rows
   const unsigned long long policy = kEvictFirst ? mj_l2_evict_first() : 0ull;
   constexpr int kChunks = K / 8;
   constexpr int kIters = (kChunks + 31) / 32;
-  constexpr int kBatch = kIters < (R <= 2 ? 4 : 2) ? kIters : (R <= 2 ? 4 : 2);
+  constexpr int kWant = R <= 2 ? 4 : R <= 4 ? 2 : 1;
+  constexpr int kBatch = kIters < kWant ? kIters : kWant;
   const int lane = mj_lane_id();
 #pragma unroll
   for (int n = 0; n < NW; ++n)
@@ -294,15 +298,68 @@ enum : int {
       kDecodeMaxRows == 1 && kHidden / kGemv2Cols * kGemvPassRows <= 4096 ? 4 : kGemvBlocksPerSm
 };
 
+// Packs the entries of `same` (bit p: entry p holds the expert; at most
+// one a token, so at most kDecodeMaxTokens bits) ascending; *n: how many.
+template <int kEntries, typename Mask>
+__device__ __forceinline__ typename mj_decode_packed<kEntries>::word mj_decode_pack(Mask same,
+                                                                                    int *n) {
+  typedef typename mj_decode_packed<kEntries>::word word;
+  word p = 0;
+  int i = 0;
+  for (Mask m = same; m != 0 && i < kDecodeMaxTokens; ++i, m &= m - 1)
+    p |= (word)(__ffsll((long long)m) - 1) << (mj_decode_packed<kEntries>::kBits * i);
+  *n = i;
+  return p;
+}
+
 // The active experts of the entries, in order of first appearance, each
 // with its entries packed (mj_gemv_rows_entries) and its row count; returns
-// how many. ids: shared, `entries` of them (<= kEntries <= 32); every
+// how many. ids: shared, `entries` of them (<= kEntries <= 64); every
 // thread calls it.
 template <int kEntries>
 __device__ __forceinline__ int mj_decode_experts(const int *ids, int entries, int *list,
                                                  mj_decode_packed<kEntries> *packed, int *rows,
                                                  int *count) {
-  typedef typename mj_decode_packed<kEntries>::word word;
+  if constexpr (kEntries > 32) {
+    // Past a warp's 32 lanes: lane l holds entries l and l + 32, and each
+    // finds the entries of its expert by comparing every id (a shared
+    // broadcast each); the first entry of an expert lists it.
+    if (threadIdx.x < 32) {
+      const int lane = mj_lane_id();
+      int id[2];
+      bool first[2];
+      unsigned long long same[2] = {0ull, 0ull};
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int p = lane + 32 * s;
+        id[s] = p < entries ? ids[p] : -1;
+        if (id[s] < 0 || id[s] >= kExperts) id[s] = -1;  // matches no id
+      }
+#pragma unroll 8
+      for (int q = 0; q < entries; ++q) {
+        const int v = ids[q];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) same[s] |= (unsigned long long)(v == id[s]) << q;
+      }
+      unsigned firsts[2];
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        first[s] = id[s] >= 0 && __ffsll((long long)same[s]) - 1 == lane + 32 * s;
+        firsts[s] = __ballot_sync(MJ_FULL_MASK, first[s]);
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        if (!first[s]) continue;
+        const int at = (s ? __popc(firsts[0]) : 0) + __popc(firsts[s] & mj_lanemask_lt());
+        int n;
+        packed[at].v = mj_decode_pack<kEntries>(same[s], &n);
+        list[at] = id[s], rows[at] = n;
+      }
+      if (lane == 0) *count = __popc(firsts[0]) + __popc(firsts[1]);
+    }
+    __syncthreads();
+    return *count;
+  }
   if (threadIdx.x < 32) {
     const int lane = mj_lane_id();
     const int id = lane < entries ? ids[lane] : -1;
@@ -316,12 +373,9 @@ __device__ __forceinline__ int mj_decode_experts(const int *ids, int entries, in
     const unsigned firsts = __ballot_sync(MJ_FULL_MASK, first);
     if (first) {
       const int at = __popc(firsts & mj_lanemask_lt());
-      unsigned m = same;
-      word p = 0;
-      int n = 0;
-      for (; m != 0u && n < kDecodeMaxTokens; ++n, m &= m - 1u)
-        p |= (word)(__ffs(m) - 1) << (mj_decode_packed<kEntries>::kBits * n);
-      list[at] = id, packed[at].v = p, rows[at] = n;
+      int n;
+      packed[at].v = mj_decode_pack<kEntries>(same, &n);
+      list[at] = id, rows[at] = n;
     }
     if (lane == 0) *count = __popc(firsts);
   }

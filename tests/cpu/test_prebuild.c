@@ -267,10 +267,14 @@ static void expect_covered(const moejit_spec *s, const char *arch, const mj_gemm
       continue; /* T too large */
     moejit_spec scratch;
     const moejit_spec *ks = mj_gemm_kernel_spec(c.spec, which, &c.plan, &scratch);
-    const char *want[3] = {c.plan.entry, NULL, NULL};
+    const char *want[4] = {c.plan.entry, NULL, NULL, NULL};
     if (which == 1) want[1] = mj_gemm1_gather_entry(&c.plan);
     if (c.plan.use_gemv) want[2] = which == 1 ? MJ_ENTRY_DECODE1 : MJ_ENTRY_DECODE2;
-    for (int i = 0; i < 3; i++)
+    /* within the decode layer's reach, the pair of entries T takes (the
+     * first, _wide past 8 entries, _wide64 past 32) */
+    if (c.plan.use_gemv && mj_decode_reach(s, t))
+      want[3] = mj_decode_entry(which, mj_decode_pair(s, t));
+    for (int i = 0; i < 4; i++)
       if (want[i])
         cr_expect(module_with(mods, n, c.plan.family, ks, want[i]),
                   "%s %s %s: T=%lld runs %s (variant %d), which no module of the load holds",

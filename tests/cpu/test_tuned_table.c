@@ -527,7 +527,7 @@ Test(tuned_lookup, exact_nearest_and_ties) {
   moejit_spec s = qwen();
   mj_tuned_table t;
   fill_header(&t, "dev");
-  const int64_t buckets[] = {1, 8, 32, 256, 2048};
+  const int64_t buckets[] = {1, 16, 64, 256, 2048};
   for (size_t i = 0; i < 5; i++) {
     mj_tuned_entry e =
         ts_tuned_entry(&s, "gemm1", buckets[i], ts_tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_MMA);
@@ -537,15 +537,17 @@ Test(tuned_lookup, exact_nearest_and_ties) {
   const struct {
     int64_t tokens, want;
     mj_tuned_match match;
-  } cases[] = {{1, 1, MJ_TUNED_EXACT},          {32, 32, MJ_TUNED_EXACT},
-               {2, 1, MJ_TUNED_NEAREST},        {5, 8, MJ_TUNED_NEAREST}, /* 5/1 > 8/5 */
-               {16, 32, MJ_TUNED_NEAREST},  /* tie 16/8 = 32/16: the larger */
-               {6, 8, MJ_TUNED_NEAREST},    /* 6/1 > 8/6 */
-               /* T <= 4 (k = 8) is within the decode layer's reach, where
-                * the tile buckets past it (8) do not serve */
-               {4, 1, MJ_TUNED_NEAREST},
-               {90, 32, MJ_TUNED_NEAREST},  /* 90/32 < 256/90 */
-               {91, 256, MJ_TUNED_NEAREST}, /* 91/32 > 256/91 */
+  } cases[] = {{1, 1, MJ_TUNED_EXACT},
+               {64, 64, MJ_TUNED_EXACT},
+               {2, 1, MJ_TUNED_NEAREST},
+               {12, 16, MJ_TUNED_NEAREST}, /* 12/1 > 16/12 */
+               {32, 64, MJ_TUNED_NEAREST}, /* tie 32/16 = 64/32: the larger */
+               {10, 16, MJ_TUNED_NEAREST}, /* 10/1 > 16/10 */
+               /* T <= 8 (k = 8) is within the decode layer's reach, where
+                * the tile buckets past it (16) do not serve */
+               {8, 1, MJ_TUNED_NEAREST},
+               {127, 64, MJ_TUNED_NEAREST},  /* 127/64 < 256/127 */
+               {129, 256, MJ_TUNED_NEAREST}, /* 129/64 > 256/129 */
                {100000, 2048, MJ_TUNED_NEAREST}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
     const mj_tuned_entry *e = mj_tuned_lookup(&t, "gemm1", &s, cases[i].tokens, &m);
@@ -580,10 +582,10 @@ Test(tuned_lookup, nearest_matches_a_brute_force) {
           ts_tuned_entry(&s, "gemm2", b[i], ts_tile(128, 128, 64, 3, 8), MOEJIT_GEMM_PATH_MMA);
       OK(mj_tuned_table_put(&t, &e)); /* a repeated bucket replaces: same rule */
     }
-    /* from T = 5: T <= 4 (k = 8) is within the decode layer's reach, which
+    /* from T = 9: T <= 8 (k = 8) is within the decode layer's reach, which
      * mma buckets past it do not serve
      * (a_tile_bucket_does_not_serve_decode_sizes) */
-    int64_t tok = 5 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
+    int64_t tok = 9 + (int64_t)(ts_next(&r) % (round % 2 ? 80 : 2000000));
     mj_tuned_match m;
     const mj_tuned_entry *e = mj_tuned_lookup(&t, "gemm2", &s, tok, &m);
     cr_assert_not_null(e);
@@ -604,13 +606,13 @@ Test(tuned_lookup, entries_that_cannot_run_the_spec_are_skipped) {
   /* mma.sync takes 4 or 8 warps */
   e = ts_tuned_entry(&s, "gemm1", 16, ts_tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_MMA);
   OK(mj_tuned_table_put(&t, &e));
-  mj_tuned_match m;
-  cr_expect_null(mj_tuned_lookup(&t, "gemm1", &s, 8, &m));
+  mj_tuned_match m; /* T = 12: past the decode layer's reach (T <= 8) */
+  cr_expect_null(mj_tuned_lookup(&t, "gemm1", &s, 12, &m));
   cr_expect_eq(m, MJ_TUNED_NONE);
   /* the same 12-warp tile on wgmma is fine */
   e = ts_tuned_entry(&s, "gemm1", 64, ts_tile(128, 128, 64, 3, 12), MOEJIT_GEMM_PATH_WGMMA);
   OK(mj_tuned_table_put(&t, &e));
-  const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &s, 8, &m);
+  const mj_tuned_entry *got = mj_tuned_lookup(&t, "gemm1", &s, 12, &m);
   cr_assert_not_null(got);
   cr_expect_eq(got->tokens, 64);
   cr_expect_eq(m, MJ_TUNED_NEAREST);
@@ -909,9 +911,9 @@ Test(tuned_pick, forward_choice_exact_nearest_and_heuristic) {
   moejit_spec built;
   mj_gemm_variant_spec(&s, 1, &p.v.v[2], &built);
   cr_expect(memcmp(&built, c.spec, sizeof built) == 0);
-  /* no variants: the model's spec and AUTO */
+  /* no variants: the model's spec and AUTO (past the decode layer's reach) */
   picked none = collect(&t, NULL, &s, 2, "sm_90a");
-  OK(mj_gemm_choose(&s, &none.v, 2, 7, "sm_90a", &c));
+  OK(mj_gemm_choose(&s, &none.v, 2, 9, "sm_90a", &c));
   cr_expect_eq(c.spec, &s);
   cr_expect_eq(c.path, MOEJIT_GEMM_PATH_AUTO);
   cr_expect_eq(c.match, MJ_TUNED_NONE);
@@ -937,7 +939,9 @@ Test(tuned_pick, gemv_variant_runs_the_gemv_kernel) {
     cr_assert_eq(p.v.n, 2, "%s", archs[a]);
     cr_expect_str_eq(p.row.config_detail, "dev.yaml: T=1 gemv, T=32 16x128x128 s3 w4 mma");
     mj_gemm_choice c;
-    for (int64_t tokens = 1; tokens <= 5; tokens++) { /* 5 is nearer 1 than 32 */
+    /* 5 is nearer 1 than 32; 6 to 8 are nearer 32, but within the decode
+     * layer's reach (T <= 8) the T = 32 tiles do not serve */
+    for (int64_t tokens = 1; tokens <= 8; tokens++) {
       OK(mj_gemm_choose(&s, &p.v, 2, tokens, archs[a], &c));
       cr_expect_eq(c.variant, 0, "%s T=%lld", archs[a], (long long)tokens);
       cr_expect_eq(c.path, MOEJIT_GEMM_PATH_GEMV);
@@ -945,8 +949,8 @@ Test(tuned_pick, gemv_variant_runs_the_gemv_kernel) {
       cr_expect_str_eq(c.plan.entry, "moejit_gemm2_gemv");
       cr_expect_eq(c.match, tokens == 1 ? MJ_TUNED_EXACT : MJ_TUNED_NEAREST);
     }
-    OK(mj_gemm_choose(&s, &p.v, 2, 6, archs[a], &c));
-    cr_expect(c.variant == 1 && c.path == MOEJIT_GEMM_PATH_MMA, "T=6 takes the bucket of 32");
+    OK(mj_gemm_choose(&s, &p.v, 2, 9, archs[a], &c));
+    cr_expect(c.variant == 1 && c.path == MOEJIT_GEMM_PATH_MMA, "T=9 takes the bucket of 32");
   }
   mj_tuned_table_free(&t);
 }
@@ -969,13 +973,13 @@ static int one_bucket_pick(const moejit_spec *s, int64_t bucket, moejit_gemm_cfg
 }
 
 /* A table tuned without T = 1 (its first bucket T = 32, a tile path):
- * within the decode layer's reach (T <= 8, T * k <= 32) the forward runs
+ * within the decode layer's reach (T <= 8, T * k <= 64) the forward runs
  * the GEMV kernel (and so the decode layer) rather than the T = 32 tiles;
  * the first T past it takes the bucket again. moejit_tuned_choice's lookup
  * agrees. MOEJIT_GEMM_GEMV=0 (no GEMV for AUTO either) lets the bucket
  * serve T = 1. */
 Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
-  moejit_spec s = qwen(); /* k = 8: T <= 4 within the decode layer's reach */
+  moejit_spec s = qwen(); /* k = 8: T <= 8 within the decode layer's reach */
   mj_tuned_table t;
   fill_header(&t, "dev");
   strcpy(t.origin, "dev.yaml");
@@ -998,17 +1002,17 @@ Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
     mj_tuned_match m = MJ_TUNED_EXACT;
     cr_expect_null(mj_tuned_lookup(&t, kernel, &s, 1, &m), "%s", kernel);
     cr_expect_eq(m, MJ_TUNED_NONE);
-    /* 32 rows: still within the reach, the GEMV kernel past AUTO's 8 rows */
-    OK(mj_gemm_choose(&s, &p.v, which, 4, "sm_90a", &c));
-    cr_expect_eq(c.variant, -1, "%s T=4", kernel);
-    cr_expect(c.plan.use_gemv && c.path == MOEJIT_GEMM_PATH_GEMV, "%s T=4: %s", kernel,
+    /* 64 rows: still within the reach, the GEMV kernel past AUTO's 8 rows */
+    OK(mj_gemm_choose(&s, &p.v, which, 8, "sm_90a", &c));
+    cr_expect_eq(c.variant, -1, "%s T=8", kernel);
+    cr_expect(c.plan.use_gemv && c.path == MOEJIT_GEMM_PATH_GEMV, "%s T=8: %s", kernel,
               c.plan.entry);
-    cr_expect_null(mj_tuned_lookup(&t, kernel, &s, 4, &m), "%s T=4", kernel);
-    OK(mj_gemm_choose(&s, &p.v, which, 5, "sm_90a", &c)); /* 40 rows: tiles again */
-    cr_expect_eq(c.variant, 0, "%s T=5", kernel);
+    cr_expect_null(mj_tuned_lookup(&t, kernel, &s, 8, &m), "%s T=8", kernel);
+    OK(mj_gemm_choose(&s, &p.v, which, 9, "sm_90a", &c)); /* 72 rows: tiles again */
+    cr_expect_eq(c.variant, 0, "%s T=9", kernel);
     cr_expect_eq(c.match, MJ_TUNED_NEAREST);
-    cr_expect(!c.plan.use_gemv, "%s T=5: %s", kernel, c.plan.entry);
-    const mj_tuned_entry *e = mj_tuned_lookup(&t, kernel, &s, 5, &m);
+    cr_expect(!c.plan.use_gemv, "%s T=9: %s", kernel, c.plan.entry);
+    const mj_tuned_entry *e = mj_tuned_lookup(&t, kernel, &s, 9, &m);
     cr_expect(e && e->tokens == 32 && m == MJ_TUNED_NEAREST, "%s", kernel);
     setenv("MOEJIT_GEMM_GEMV", "0", 1);
     OK(mj_gemm_choose(&s, &p.v, which, 1, "sm_90a", &c));
@@ -1037,7 +1041,7 @@ Test(tuned_pick, a_tile_bucket_does_not_serve_decode_sizes) {
 /* A tile bucket within the decode layer's reach but of more than 8 rows
  * (T = 2 of a top-8 model: 16 rows, as `--check-layer` pins one) was never
  * timed against the GEMV kernel: it serves its own T only, and T = 1, 3
- * and 4 keep the GEMV kernel (the decode layer); T = 5, past the reach,
+ * and 8 keep the GEMV kernel (the decode layer); T = 9, past the reach,
  * takes it again. */
 Test(tuned_pick, a_wide_tile_bucket_in_the_decode_reach_serves_its_own_t) {
   moejit_spec s = qwen();
@@ -1051,7 +1055,7 @@ Test(tuned_pick, a_wide_tile_bucket_in_the_decode_reach_serves_its_own_t) {
   const struct {
     int64_t tokens;
     int variant;
-  } cases[] = {{1, -1}, {2, 0}, {3, -1}, {4, -1}, {5, 0}};
+  } cases[] = {{1, -1}, {2, 0}, {3, -1}, {8, -1}, {9, 0}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
     mj_gemm_choice c;
     OK(mj_gemm_choose(&s, &p.v, 2, cases[i].tokens, "sm_90a", &c));
@@ -1126,7 +1130,7 @@ Test(tuned_pick, model_gemm_choice_describes_what_runs) {
   OK(moejit_model_gemm_choice(m, "gemm1", 1000, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_TUNED_NEAREST);
   cr_expect(strstr(desc, "tuned, nearest bucket T=4 for T=1000: 32x128x64"), "%s", desc);
-  /* T=1: 8 rows of qwen3's top-8, within the decode layer's reach (T <= 4
+  /* T=1: 8 rows of qwen3's top-8, within the decode layer's reach (T <= 8
    * at k = 8), where the GEMV kernel runs */
   OK(moejit_model_gemm_choice(m, "gemm2", 1, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_HEURISTIC);
@@ -1137,8 +1141,10 @@ Test(tuned_pick, model_gemm_choice_describes_what_runs) {
             "%s", desc);
   OK(moejit_model_gemm_choice(m, "gemm2", 2, desc, sizeof desc, &src));
   cr_expect(strstr(desc, ", path gemv, entry moejit_gemm2_gemv ("), "T=2, 16 rows: %s", desc);
-  OK(moejit_model_gemm_choice(m, "gemm2", 5, desc, sizeof desc, &src));
-  cr_expect(strstr(desc, ", path auto, entry moejit_gemm2_mma ("), "T=5, 40 rows: %s", desc);
+  OK(moejit_model_gemm_choice(m, "gemm2", 8, desc, sizeof desc, &src));
+  cr_expect(strstr(desc, ", path gemv, entry moejit_gemm2_gemv ("), "T=8, 64 rows: %s", desc);
+  OK(moejit_model_gemm_choice(m, "gemm2", 9, desc, sizeof desc, &src));
+  cr_expect(strstr(desc, ", path auto, entry moejit_gemm2_mma ("), "T=9, 72 rows: %s", desc);
   OK(moejit_model_gemm_choice(m, "gemm1", INT32_MAX / 8, desc, sizeof desc, &src));
   cr_expect_eq(src, MOEJIT_CONFIG_TUNED_NEAREST);
   char small[12];

@@ -559,18 +559,21 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
       /* k = 2: T = 6 and 8 take the wide pair (12 and 16 entries, 4 bits
        * an entry), every expert of the hot case 8 rows */
       {"mixtral-8x7b", 1024, 512, 2, MOEJIT_DTYPE_FP16, MOEJIT_DTYPE_FP32, {1, 3, 4, 6, 8}, 8},
-      /* k = 8: T = 2 to 4 wide (16 to 32 entries), up to 4 rows an expert */
-      {"qwen3-30b-a3b", 2048, 768, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 2, 4, 0}, 4},
-      {"deepseek-v3", 1024, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 3, 0}, 3},
+      /* k = 8: T = 2 to 4 take the wide pair (16 to 32 entries), T = 5 to
+       * 8 the _wide64 pair (40 to 64: 6 bits an entry, a lane finds the
+       * experts of two entries); up to 8 rows an expert */
+      {"qwen3-30b-a3b", 2048, 768, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 2, 4, 6, 8}, 8},
+      {"deepseek-v3", 1024, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 3, 5, 0}, 5},
       /* eight experts, so the entries share them: k = 3 (two rows an
        * expert at T = 2; 6 of a block's 8 warps busy; T = 7: 21 entries,
        * 5 bits an entry), k = 6 (idle warps in every block; T = 5: 30
-       * entries, 5 rows an expert in 8-row units) and k = 8 at d = 7168
-       * (several units a warp in GEMM 2: 1792 column groups; T = 4: every
-       * expert 4 rows) */
+       * entries, 5 rows an expert in 8-row units; T = 8: 48 entries, the
+       * _wide64 pair) and
+       * k = 8 at d = 7168 (several units a warp in GEMM 2: 1792 column
+       * groups; T = 4 and 8: every expert 4 and 8 rows) */
       {"mixtral-8x7b", 1536, 384, 3, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 2, 7, 0}, 7},
-      {"mixtral-8x7b", 2048, 256, 6, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 5, 0}, 5},
-      {"mixtral-8x7b", 7168, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 4, 0}, 4},
+      {"mixtral-8x7b", 2048, 256, 6, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 5, 8, 0}, 8},
+      {"mixtral-8x7b", 7168, 256, 8, MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_BF16, {1, 4, 8, 0}, 8},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     moejit_spec s;
@@ -596,8 +599,12 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
       snprintf(hot, sizeof hot, "%s, every token on the same experts", what);
       decode_case(&io, cases[c].hot, &rng, hot);
     }
-    /* past 8 tokens or 32 entries the forward is the unfused chain */
-    const int64_t reach = 32 / cases[c].top_k < 8 ? 32 / cases[c].top_k : 8;
+    /* past 8 tokens or 64 entries the forward is the unfused chain (every
+     * case here reaches 8 tokens: k <= 8) */
+    const int64_t by_entries = MOEJIT_DECODE_MAX_ENTRIES / cases[c].top_k;
+    const int64_t reach =
+        by_entries < MOEJIT_DECODE_MAX_TOKENS ? by_entries : MOEJIT_DECODE_MAX_TOKENS;
+    cr_expect_eq(reach, 8, "%s: reach %lld", what, (long long)reach);
     cr_expect(moejit_moe_decode_layer(m, reach), "%s: no decode layer at T = %lld", what,
               (long long)reach);
     cr_expect(!moejit_moe_decode_layer(m, reach + 1), "%s: decode layer past its reach", what);
