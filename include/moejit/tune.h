@@ -270,7 +270,8 @@ MOEJIT_API moejit_status moejit_tuned_choice(const char *device_name, const moej
 /* Pins the heuristic at one token count of a tuned table file: writes an
  * entry for GEMM `which` (1 or 2) of spec at `tokens` that holds the plan a
  * load with tuned tables off runs there (its path and tile on the table's
- * arch; spec's kernels: tiles are the heuristic's base), replacing the
+ * arch, the GEMV kernel within the decode layer's reach; spec's kernels:
+ * tiles are the heuristic's base), replacing the
  * table's entry for that T, so that no other bucket of the table reaches
  * T. The entry is marked `pinned: true`, and a later moejit_tune_run into
  * the table keeps it (moejit_tune_opts.replace_pinned). `moejit tune

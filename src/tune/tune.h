@@ -129,6 +129,13 @@ void mj_tune_cand_spec(const moejit_sweep *sweep, int shape, int which, const mo
 int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
                            moejit_gemm_cfg *cfg, moejit_gemm_path *path);
 
+/* The same for what a load without tuned tables runs at `tokens` tokens:
+ * within the decode layer's reach the GEMV kernel at any row count
+ * (mj_layer_heuristic_path), elsewhere AUTO's plan as above. (The tuner's
+ * own heuristic row stays AUTO's: docs/tune.md.) */
+int mj_tune_layer_heuristic_tile(const moejit_spec *base, int which, int64_t tokens,
+                                 const char *arch, moejit_gemm_cfg *cfg, moejit_gemm_path *path);
+
 /* ------------------------------------------------------------------------ */
 /* Result rows and their files                                              */
 

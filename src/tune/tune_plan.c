@@ -259,10 +259,10 @@ static moejit_status enumerate_space(builder *b, int shape, int which, const mj_
  * the spec's own), the spec's tile on wgmma or mma, the narrow decode tile
  * on wgmma (its plan's tile with its k-stages as 64-wide stages: the same
  * launch), or the decode tile on mma. 0 for SIMT. */
-int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
-                           moejit_gemm_cfg *cfg, moejit_gemm_path *path) {
+static int heuristic_tile(const moejit_spec *base, int which, moejit_gemm_path want, int64_t rows,
+                          const char *arch, moejit_gemm_cfg *cfg, moejit_gemm_path *path) {
   mj_gemm_plan plan;
-  if (mj_gemm_plan_make_for(base, which, MOEJIT_GEMM_PATH_AUTO, rows, arch, &plan) != MOEJIT_OK) {
+  if (mj_gemm_plan_make_for(base, which, want, rows, arch, &plan) != MOEJIT_OK) {
     mj_clear_error();
     return 0;
   }
@@ -284,6 +284,17 @@ int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, con
   }
   *path = MOEJIT_GEMM_PATH_MMA;
   return plan.use_mma;
+}
+
+int mj_tune_heuristic_tile(const moejit_spec *base, int which, int64_t rows, const char *arch,
+                           moejit_gemm_cfg *cfg, moejit_gemm_path *path) {
+  return heuristic_tile(base, which, MOEJIT_GEMM_PATH_AUTO, rows, arch, cfg, path);
+}
+
+int mj_tune_layer_heuristic_tile(const moejit_spec *base, int which, int64_t tokens,
+                                 const char *arch, moejit_gemm_cfg *cfg, moejit_gemm_path *path) {
+  return heuristic_tile(base, which, mj_layer_heuristic_path(base, which, tokens),
+                        tokens * base->top_k, arch, cfg, path);
 }
 
 /* Added before the spaces, so a space's config with the same launch plan

@@ -82,7 +82,7 @@ static moejit_status pin_locked(const char *table_path, const moejit_spec *spec,
   e.experts = spec->experts, e.top_k = spec->top_k, e.tokens = tokens;
   e.us = e.heuristic_us = us;
   e.pinned = 1;
-  if (!mj_tune_heuristic_tile(&base, which, tokens * spec->top_k, t.arch, &e.cfg, &e.path)) {
+  if (!mj_tune_layer_heuristic_tile(&base, which, tokens, t.arch, &e.cfg, &e.path)) {
     st = mj_fail(MOEJIT_ERR_NOT_FOUND,
                  "%s: the heuristic runs %s's gemm%d at T=%lld on the SIMT kernel (%s), which a "
                  "tuned table cannot name",

@@ -1228,8 +1228,9 @@ static mj_tuned_entry pin_key(const moejit_spec *s, const char *kernel, int64_t 
   return ts_tuned_entry(s, kernel, tokens, s->gemm1, MOEJIT_GEMM_PATH_WGMMA);
 }
 
-/* A pin writes what AUTO runs at that T on the table's arch (replacing the
- * bucket's entry or adding one), leaves every other entry and, where the
+/* A pin writes what a load without tables runs at that T on the table's
+ * arch (AUTO's plan, or within the decode layer's reach the GEMV kernel),
+ * replacing the bucket's entry or adding one, leaves every other entry and, where the
  * entry already holds that plan, the file as it was; bad arguments and
  * tables fail with the file untouched. */
 Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
@@ -1299,6 +1300,14 @@ Test(tuned_table, pin_writes_the_heuristic_plan_and_nothing_else) {
   at = mj_tuned_lookup(&t, "gemm2", &s, 3000, &match);
   cr_expect(at && at->tokens == 4096, "the pin serves the T near it");
   mj_tuned_table_free(&t);
+
+  /* within the decode layer's reach (T <= 8 at k = 8) a load without tables
+   * runs the GEMV kernel at any row count, and so does the pin: T = 6 is 48
+   * rows, past AUTO's 8; T = 9, past the reach, takes AUTO's tile */
+  OK(moejit_tuned_table_pin_heuristic(path, &s, 1, 6, 0, NULL, &got_path, &changed));
+  cr_expect(changed == 1 && got_path == (int)MOEJIT_GEMM_PATH_GEMV, "T=6: path %d", got_path);
+  OK(moejit_tuned_table_pin_heuristic(path, &s, 1, 9, 0, NULL, &got_path, &changed));
+  cr_expect(changed == 1 && got_path == (int)MOEJIT_GEMM_PATH_WGMMA, "T=9: path %d", got_path);
 
   /* refusals: the file as it was */
   free(before);
