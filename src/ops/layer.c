@@ -491,11 +491,16 @@ static int decode_prefetch(void) {
 
 /* Whether GEMM 2 of the decode layer combines in each block (its grid:
  * decode2_block_grid; templates/gemm2.cu) instead of through global partial
- * rows and counters;
- * $MOEJIT_DECODE_BLOCK_COMBINE=0 keeps the counters everywhere. Both give
- * the same bits. */
-static int decode_block_combine(void) {
-  return mj_env_switch("MOEJIT_DECODE_BLOCK_COMBINE", 1);
+ * rows and counters: at T = 1, and where T x f is at most
+ * MJ_DECODE_BLOCK_COMBINE_TF (small experts at a few tokens), where it
+ * measured faster or even; elsewhere the counters measured faster or even
+ * (up to 4.5%: llama4-scout at T = 6 and 8 on an H100; docs/layer.md,
+ * "Combined in the block"). $MOEJIT_DECODE_BLOCK_COMBINE=1 / 0 takes one
+ * form at every T. Both give the same bits. */
+#define MJ_DECODE_BLOCK_COMBINE_TF 4096
+static int decode_block_combine(const moejit_spec *s, int64_t tokens) {
+  const int dflt = tokens == 1 || tokens * s->expert_width <= MJ_DECODE_BLOCK_COMBINE_TF;
+  return mj_env_switch("MOEJIT_DECODE_BLOCK_COMBINE", dflt);
 }
 
 static moejit_status decode_kernel(const moejit_model *m, const mj_gemm_choice *c, int which,
@@ -525,7 +530,7 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
       decode_blocks(m, active * (s->expert_width / MJ_DECODE1_COLS), MJ_GEMV_BLOCKS_PER_SM), 1, 1};
   const int64_t groups = s->hidden / MJ_GEMV2_COLS;
   const int per_sm2 = mj_decode2_blocks_per_sm(s->top_k, s->hidden, pair);
-  int prefetch = decode_prefetch(), block_combine = decode_block_combine();
+  int prefetch = decode_prefetch(), block_combine = decode_block_combine(s, a->tokens);
   const unsigned grid2[3] = {block_combine ? decode2_block_grid(m, groups, active, per_sm2)
                                            : decode_blocks(m, active * groups, per_sm2),
                              1, 1};

@@ -500,24 +500,28 @@ static double rel_diff(moejit_dtype dt, const void *a, const void *b, size_t n) 
 static void decode_case(layer_io *io, int64_t tokens, ts_rng *rng, const char *what) {
   const moejit_spec *s = io->spec;
   const size_t nk = (size_t)tokens * s->top_k, ob = out_bytes(io, tokens);
-  void *out_d = malloc(ob), *out_u = malloc(ob);
+  void *out_d = malloc(ob), *out_u = malloc(ob), *out_b = malloc(ob);
   int32_t ids_d[MOEJIT_DECODE_MAX_ENTRIES], ids_u[MOEJIT_DECODE_MAX_ENTRIES];
   float w_d[MOEJIT_DECODE_MAX_ENTRIES], w_u[MOEJIT_DECODE_MAX_ENTRIES];
-  cr_assert(out_d && out_u && nk <= MOEJIT_DECODE_MAX_ENTRIES);
+  cr_assert(out_d && out_u && out_b && nk <= MOEJIT_DECODE_MAX_ENTRIES);
   char label[160];
   cr_assert(moejit_moe_decode_layer(io->model, tokens), "%s T=%lld: no decode layer", what,
             (long long)tokens);
   run_eager(io, tokens, NULL, out_d, ids_d, w_d);
   snprintf(label, sizeof label, "%s (decode layer)", what);
   check_output(io, tokens, out_d, ids_d, w_d, rng, label);
-  /* GEMM 2 combining in each block (the default: whatever the active
-   * experts, one or several units a warp) or through global partials and
-   * counters: the same bits */
+  /* GEMM 2 combining in each block (whatever the active experts, one or
+   * several units a warp; the default at T = 1 and for small experts at a
+   * few tokens) or through global partials and counters: the same bits */
+  setenv("MOEJIT_DECODE_BLOCK_COMBINE", "1", 1);
+  run_eager(io, tokens, NULL, out_b, NULL, NULL);
   setenv("MOEJIT_DECODE_BLOCK_COMBINE", "0", 1);
   run_eager(io, tokens, NULL, out_u, NULL, NULL);
   unsetenv("MOEJIT_DECODE_BLOCK_COMBINE");
-  cr_assert(memcmp(out_d, out_u, ob) == 0,
+  cr_assert(memcmp(out_b, out_u, ob) == 0,
             "%s T=%lld: the block-combined GEMM 2 and the counters' differ", what,
+            (long long)tokens);
+  cr_assert(memcmp(out_d, out_u, ob) == 0, "%s T=%lld: the default GEMM 2 differs", what,
             (long long)tokens);
   setenv("MOEJIT_LAYER_DECODE", "0", 1);
   cr_assert(!moejit_moe_decode_layer(io->model, tokens), "MOEJIT_LAYER_DECODE=0 ignored");
@@ -531,7 +535,7 @@ static void decode_case(layer_io *io, int64_t tokens, ts_rng *rng, const char *w
   const double d = rel_diff(s->out_dtype, out_d, out_u, ob / moejit_dtype_size(s->out_dtype));
   cr_assert(d <= LAYER_RTOL, "%s T=%lld: decode vs unfused differ by %.3g", what,
             (long long)tokens, d);
-  free(out_d), free(out_u);
+  free(out_d), free(out_u), free(out_b);
 }
 
 static void decode_spec(const char *preset, int64_t hidden, int64_t width, int top_k,
