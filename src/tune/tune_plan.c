@@ -298,15 +298,23 @@ int mj_tune_layer_heuristic_tile(const moejit_spec *base, int which, int64_t tok
 }
 
 /* Added before the spaces, so a space's config with the same launch plan
- * merges into these; never pruned (AUTO runs them anyway). */
+ * merges into these; never pruned (AUTO runs them anyway). Within the
+ * decode layer's reach past AUTO's GEMV rows, also the GEMV kernel the
+ * layer runs there without a table (mj_tune_layer_heuristic_tile), so that
+ * add_winner can keep the decode form. */
 static moejit_status add_heuristic_tiles(builder *b, int shape, int which) {
   const mj_sweep_shape *sh = &b->sw->shapes[shape];
   moejit_spec base;
   mj_tune_cand_spec(b->sw, shape, which, which == 1 ? &sh->spec.gemm1 : &sh->spec.gemm2, b->arch,
                     &base);
-  for (int t = 0; t < sh->n_tokens; t++) {
+  for (int i = 0; i < 2 * sh->n_tokens; i++) {
+    const int t = i / 2, layer = i % 2;
     mj_tune_cand c = {.shape = shape, .which = which, .tmask = 1u << t, .heuristic = 1, .unit = -1};
-    if (!mj_tune_heuristic_tile(&base, which, sh->tokens[t] * sh->spec.top_k, b->arch, &c.cfg, &c.path))
+    const int64_t tokens = sh->tokens[t];
+    if (layer ? !mj_tune_layer_heuristic_tile(&base, which, tokens, b->arch, &c.cfg, &c.path) ||
+                    c.path != MOEJIT_GEMM_PATH_GEMV
+              : !mj_tune_heuristic_tile(&base, which, tokens * sh->spec.top_k, b->arch, &c.cfg,
+                                        &c.path))
       continue;
     moejit_spec spec;
     mj_gemm_plan plan;

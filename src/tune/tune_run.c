@@ -537,32 +537,39 @@ static moejit_status add_winner(run *r, size_t first, size_t end) {
   w->heuristic_us = hus, w->candidates_ok = ok;
   moejit_spec base;
   base_spec(r, best, &base);
-  moejit_gemm_cfg cfg;
-  moejit_gemm_path path;
-  if (hus <= 0 || !mj_tune_heuristic_tile(&base, best->which, best->tokens * best->top_k,
-                                          r->be->arch, &cfg, &path))
-    return MOEJIT_OK;
-  /* At decode sizes AUTO runs the GEMV kernel, and only while both GEMMs
-   * do the layer runs its two-launch decode form (docs/layer.md, "Decode"),
-   * which saves more than the GEMMs' small differences there: another path
-   * wins such a point only when it is faster than GEMV (the heuristic's
-   * launch or a GEMV candidate) by MJ_TUNE_DECODE_FORM_US. */
-  double gemv_us = hus;
-  for (size_t i = first; path == MOEJIT_GEMM_PATH_GEMV && i < end; i++) {
+  moejit_gemm_cfg cfg, gemv_cfg;
+  moejit_gemm_path path, gemv_path;
+  const int have_auto =
+      hus > 0 && mj_tune_heuristic_tile(&base, best->which, best->tokens * best->top_k, r->be->arch,
+                                        &cfg, &path);
+  /* Within the decode layer's reach the layer without a table runs the GEMV
+   * kernel on both GEMMs (AUTO itself up to MOEJIT_GEMV_MAX_ROWS rows), and
+   * only while both GEMMs do it runs its two-launch decode form
+   * (docs/layer.md, "Decode"), which saves more than the GEMMs' small
+   * differences there: another path wins such a point only when it is
+   * faster than GEMV (the heuristic's launch where AUTO runs GEMV, or a
+   * GEMV candidate) by MJ_TUNE_DECODE_FORM_US. */
+  const int layer_gemv = mj_tune_layer_heuristic_tile(&base, best->which, best->tokens, r->be->arch,
+                                                      &gemv_cfg, &gemv_path) &&
+                         gemv_path == MOEJIT_GEMM_PATH_GEMV;
+  double gemv_us = have_auto && path == MOEJIT_GEMM_PATH_GEMV ? hus : 0;
+  for (size_t i = first; layer_gemv && i < end; i++) {
     const mj_tune_row *row = &r->rows.rows[i];
     if (row->role == MJ_ROLE_CANDIDATE && row->status == MJ_TS_OK &&
-        row->path == MOEJIT_GEMM_PATH_GEMV && row->us < gemv_us)
+        row->path == MOEJIT_GEMM_PATH_GEMV && (gemv_us <= 0 || row->us < gemv_us))
       gemv_us = row->us;
   }
-  const int keep_decode = path == MOEJIT_GEMM_PATH_GEMV && best->path != MOEJIT_GEMM_PATH_GEMV &&
+  const int keep_decode = layer_gemv && gemv_us > 0 && best->path != MOEJIT_GEMM_PATH_GEMV &&
                           best->us > gemv_us - MJ_TUNE_DECODE_FORM_US;
-  /* Or the heuristic's own launch measured faster than every candidate (its
-   * explicit twin is among them, so only noise separates the two): the
-   * winner is what AUTO runs, so a tuned entry is never the slower GEMM. */
-  if (keep_decode || hus < best->us) {
-    const double us = keep_decode ? gemv_us : hus;
-    const double flop_us = best->tflops * best->us; /* FLOPs / 1e6, the same for both */
-    w->cfg = cfg, w->path = path, w->us = us, w->tflops = flop_us / us;
+  const double flop_us = best->tflops * best->us; /* FLOPs / 1e6, the same for all */
+  if (keep_decode) {
+    w->cfg = gemv_cfg, w->path = MOEJIT_GEMM_PATH_GEMV, w->us = gemv_us;
+    w->tflops = flop_us / gemv_us;
+  } else if (have_auto && hus < best->us) {
+    /* the heuristic's own launch measured faster than every candidate (its
+     * explicit twin is among them, so only noise separates the two): the
+     * winner is what AUTO runs, so a tuned entry is never the slower GEMM */
+    w->cfg = cfg, w->path = path, w->us = hus, w->tflops = flop_us / hus;
   }
   return MOEJIT_OK;
 }

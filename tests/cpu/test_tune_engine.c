@@ -451,6 +451,59 @@ Test(tune_engine, decode_sizes_keep_gemv_unless_another_path_saves_more) {
   }
 }
 
+/* T = 8 of the k = 2 shape is 16 rows: past AUTO's GEMV rows (AUTO runs
+ * the narrow wgmma tile) but within the decode layer's reach, where the
+ * layer without a table runs the GEMV kernel. The tuner times that kernel
+ * beside AUTO's tile, and it wins unless another path is faster by more
+ * than MJ_TUNE_DECODE_FORM_US (the fastest, wgmma 64x128 s4: 150.8 us for
+ * gemm1, 151.8 for gemm2). */
+Test(tune_engine, the_decode_reach_keeps_gemv_past_autos_rows) {
+  static const char kReach[] =
+      "name: fake\n"
+      "tokens: [8]\n"
+      "shapes:\n"
+      "  - {name: tiny, hidden: 512, expert_width: 256, experts: 8, top_k: 2}\n"
+      "spaces:\n"
+      "  - {paths: [wgmma], tile_m: [64, 128], tile_n: 128, tile_k: 64, stages: 4}\n";
+  moejit_sweep *own = NULL;
+  cr_assert_eq(moejit_sweep_load_string(kReach, strlen(kReach), "reach.yaml", &own), MOEJIT_OK,
+               "%s", moejit_last_error());
+  moejit_sweep *saved = sweep;
+  sweep = own;
+  const struct {
+    double gemv_us;
+    int gemv_wins;
+  } cases[] = {{155, 1}, {170, 0}, {140, 1}};
+  for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
+    fake f = {.gemv_us = cases[c].gemv_us};
+    moejit_tune_summary s;
+    ts_rmtree(results);
+    cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+    cr_assert_eq(s.n_winners, 2);
+    for (size_t i = 0; i < s.n_winners; i++) {
+      const moejit_tune_winner *w = &s.winners[i];
+      cr_assert_eq(w->path, cases[c].gemv_wins ? MOEJIT_GEMM_PATH_GEMV : MOEJIT_GEMM_PATH_WGMMA,
+                   "GEMV at %g us, %s: %s", cases[c].gemv_us, w->kernel,
+                   moejit_gemm_path_name(w->path));
+      if (cases[c].gemv_wins)
+        cr_assert_float_eq(w->us, cases[c].gemv_us, 1e-9);
+      else
+        cr_assert_lt(w->us, cases[c].gemv_us - MJ_TUNE_DECODE_FORM_US);
+    }
+    mj_tune_rows rows;
+    read_results(&rows);
+    size_t gemv_rows = 0;
+    for (size_t i = 0; i < rows.n; i++)
+      gemv_rows += rows.rows[i].role == MJ_ROLE_CANDIDATE &&
+                   rows.rows[i].path == MOEJIT_GEMM_PATH_GEMV && rows.rows[i].status == MJ_TS_OK;
+    cr_assert_eq(gemv_rows, 2, "one GEMV candidate a GEMM");
+    mj_tune_rows_free(&rows);
+    moejit_tune_summary_free(&s);
+  }
+  sweep = saved;
+  moejit_sweep_destroy(own);
+}
+
 /* Refused before anything is timed: the run would end unable to write its
  * table. */
 Test(tune_engine, table_of_another_device_is_refused) {
