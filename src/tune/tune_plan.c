@@ -308,14 +308,16 @@ static moejit_status add_heuristic_tiles(builder *b, int shape, int which) {
   mj_tune_cand_spec(b->sw, shape, which, which == 1 ? &sh->spec.gemm1 : &sh->spec.gemm2, b->arch,
                     &base);
   for (int i = 0; i < 2 * sh->n_tokens; i++) {
-    const int t = i / 2, layer = i % 2;
-    mj_tune_cand c = {.shape = shape, .which = which, .tmask = 1u << t, .heuristic = 1, .unit = -1};
+    /* even i: AUTO's plan at token count i / 2; odd i: the layer's GEMV */
+    const int t = i / 2;
     const int64_t tokens = sh->tokens[t];
-    if (layer ? !mj_tune_layer_heuristic_tile(&base, which, tokens, b->arch, &c.cfg, &c.path) ||
-                    c.path != MOEJIT_GEMM_PATH_GEMV
-              : !mj_tune_heuristic_tile(&base, which, tokens * sh->spec.top_k, b->arch, &c.cfg,
-                                        &c.path))
-      continue;
+    mj_tune_cand c = {.shape = shape, .which = which, .tmask = 1u << t, .heuristic = 1, .unit = -1};
+    const int ok =
+        i % 2 == 0 ? mj_tune_heuristic_tile(&base, which, tokens * sh->spec.top_k, b->arch, &c.cfg,
+                                            &c.path)
+                   : mj_tune_layer_heuristic_tile(&base, which, tokens, b->arch, &c.cfg, &c.path) &&
+                         c.path == MOEJIT_GEMM_PATH_GEMV;
+    if (!ok) continue;
     moejit_spec spec;
     mj_gemm_plan plan;
     mj_tune_cand_spec(b->sw, shape, which, &c.cfg, b->arch, &spec);

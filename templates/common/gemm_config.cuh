@@ -15,6 +15,16 @@ struct mj_same_type<A, A> {
   enum : bool { value = true };
 };
 
+// A where C holds, else B (std::conditional; NVRTC has no <type_traits>).
+template <bool C, typename A, typename B>
+struct mj_if {
+  typedef A type;
+};
+template <typename A, typename B>
+struct mj_if<false, A, B> {
+  typedef B type;
+};
+
 // True for the element types mma.sync m16n8k16 takes (fp16, bf16).
 template <typename T>
 struct mj_is_mma_type {

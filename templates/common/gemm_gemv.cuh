@@ -107,15 +107,6 @@ __device__ __forceinline__ int mj_gemv_active_experts(const int *offsets, int ma
 enum : int { kDecodeMaxTokens = kGemvWarps };
 enum : int { kDecodeWideEntries = 32, kDecodeWide64Entries = 64 };
 
-template <bool C, typename A, typename B>
-struct mj_if {
-  typedef A type;
-};
-template <typename A, typename B>
-struct mj_if<false, A, B> {
-  typedef B type;
-};
-
 // An expert's rows among the entries (at most one a token): their entry
 // indices, ascending, kBits each: 4 in 32 bits up to 16 entries, else 5 (up
 // to 32) or 6 (up to 64) in 64 bits.

@@ -424,6 +424,28 @@ Test(tune_engine, gemv_winner_reaches_the_table_and_the_load) {
   mj_tuned_table_free(&t);
 }
 
+/* Runs the current sweep with every GEMV candidate at gemv_us and checks
+ * its n winners: at T = decode_t the GEMV kernel (at gemv_us) where
+ * gemv_wins, else a tile faster than it by more than
+ * MJ_TUNE_DECODE_FORM_US; wgmma at every other T. */
+static void expect_decode_winners(double gemv_us, int gemv_wins, int64_t decode_t, size_t n) {
+  fake f = {.wrong_tile_m = 16, .gemv_us = gemv_us};
+  moejit_tune_summary s;
+  ts_rmtree(results);
+  cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(s.n_winners, n);
+  for (size_t i = 0; i < s.n_winners; i++) {
+    const moejit_tune_winner *w = &s.winners[i];
+    const int gemv = w->tokens == decode_t && gemv_wins;
+    cr_assert_eq(w->path, gemv ? MOEJIT_GEMM_PATH_GEMV : MOEJIT_GEMM_PATH_WGMMA,
+                 "GEMV at %g us, %s T=%lld: %s", gemv_us, w->kernel, (long long)w->tokens,
+                 moejit_gemm_path_name(w->path));
+    if (gemv) cr_assert_float_eq(w->us, gemv_us, 1e-9);
+    if (w->tokens == decode_t && !gemv) cr_assert_lt(w->us, gemv_us - MJ_TUNE_DECODE_FORM_US);
+  }
+  moejit_tune_summary_free(&s);
+}
+
 /* At T = 4 (8 rows: AUTO runs GEMV, the layer its decode form) the fastest
  * candidate, wgmma 64x128 s4 (150.5 us for gemm1, 151.5 for gemm2), wins
  * over GEMV only by more than MJ_TUNE_DECODE_FORM_US; other T as before. */
@@ -432,23 +454,8 @@ Test(tune_engine, decode_sizes_keep_gemv_unless_another_path_saves_more) {
     double gemv_us;
     int gemv_wins;
   } cases[] = {{155, 1}, {160, 1}, {170, 0}, {140, 1}};
-  for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
-    fake f = {.wrong_tile_m = 16, .gemv_us = cases[c].gemv_us};
-    moejit_tune_summary s;
-    ts_rmtree(results);
-    cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
-    cr_assert_eq(s.n_winners, 6);
-    for (size_t i = 0; i < s.n_winners; i++) {
-      const moejit_tune_winner *w = &s.winners[i];
-      const int gemv = w->tokens == 4 && cases[c].gemv_wins;
-      cr_assert_eq(w->path, gemv ? MOEJIT_GEMM_PATH_GEMV : MOEJIT_GEMM_PATH_WGMMA,
-                   "GEMV at %g us, %s T=%lld: %s", cases[c].gemv_us, w->kernel,
-                   (long long)w->tokens, moejit_gemm_path_name(w->path));
-      if (gemv) cr_assert_float_eq(w->us, cases[c].gemv_us, 1e-9);
-      if (w->tokens == 4 && !gemv) cr_assert_lt(w->us, cases[c].gemv_us - MJ_TUNE_DECODE_FORM_US);
-    }
-    moejit_tune_summary_free(&s);
-  }
+  for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++)
+    expect_decode_winners(cases[c].gemv_us, cases[c].gemv_wins, 4, 6);
 }
 
 /* T = 8 of the k = 2 shape is 16 rows: past AUTO's GEMV rows (AUTO runs
@@ -475,21 +482,7 @@ Test(tune_engine, the_decode_reach_keeps_gemv_past_autos_rows) {
     int gemv_wins;
   } cases[] = {{155, 1}, {170, 0}, {140, 1}};
   for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
-    fake f = {.gemv_us = cases[c].gemv_us};
-    moejit_tune_summary s;
-    ts_rmtree(results);
-    cr_assert_eq(run(&f, 0, &s), MOEJIT_OK, "%s", moejit_last_error());
-    cr_assert_eq(s.n_winners, 2);
-    for (size_t i = 0; i < s.n_winners; i++) {
-      const moejit_tune_winner *w = &s.winners[i];
-      cr_assert_eq(w->path, cases[c].gemv_wins ? MOEJIT_GEMM_PATH_GEMV : MOEJIT_GEMM_PATH_WGMMA,
-                   "GEMV at %g us, %s: %s", cases[c].gemv_us, w->kernel,
-                   moejit_gemm_path_name(w->path));
-      if (cases[c].gemv_wins)
-        cr_assert_float_eq(w->us, cases[c].gemv_us, 1e-9);
-      else
-        cr_assert_lt(w->us, cases[c].gemv_us - MJ_TUNE_DECODE_FORM_US);
-    }
+    expect_decode_winners(cases[c].gemv_us, cases[c].gemv_wins, 8, 2);
     mj_tune_rows rows;
     read_results(&rows);
     size_t gemv_rows = 0;
@@ -498,7 +491,6 @@ Test(tune_engine, the_decode_reach_keeps_gemv_past_autos_rows) {
                    rows.rows[i].path == MOEJIT_GEMM_PATH_GEMV && rows.rows[i].status == MJ_TS_OK;
     cr_assert_eq(gemv_rows, 2, "one GEMV candidate a GEMM");
     mj_tune_rows_free(&rows);
-    moejit_tune_summary_free(&s);
   }
   sweep = saved;
   moejit_sweep_destroy(own);
