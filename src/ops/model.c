@@ -381,9 +381,9 @@ static moejit_status load_functions(moejit_model *m, unsigned families, load_pla
 
 /* The table of the ctx's device, or (*have 0) why there is none. Fails only
  * where a table exists but cannot be read or parsed. */
-static moejit_status table_named(const char *device_name, const moejit_load_opts *opts,
-                                 const char *who, mj_tuned_table *t, int *have, char *why,
-                                 size_t cap) {
+static moejit_status table_named(const char *device_name, const moejit_spec *spec,
+                                 const moejit_load_opts *opts, const char *who, mj_tuned_table *t,
+                                 int *have, char *why, size_t cap) {
   *have = 0;
   if (opts && opts->tuned_disable) {
     mj_strlcpy(why, "tuned tables are disabled (moejit_load_opts.tuned_disable)", cap);
@@ -393,8 +393,10 @@ static moejit_status table_named(const char *device_name, const moejit_load_opts
     mj_strlcpy(why, "tuned tables are disabled ($MOEJIT_TUNED_DISABLE)", cap);
     return MOEJIT_OK;
   }
+  mj_tuned_shape shape; /* the load reads this shape's entries only */
+  mj_tuned_shape_of(spec, &shape);
   moejit_status st = opts && opts->tuned_table ? mj_tuned_table_load_file(opts->tuned_table, t)
-                                               : mj_tuned_table_for_device(device_name, t);
+                                               : mj_tuned_table_for_shape(device_name, &shape, t);
   if (st == MOEJIT_OK) return *have = 1, MOEJIT_OK;
   if (opts && opts->tuned_table) return mj_fail_prefix(st, "%s: moejit_load_opts.tuned_table", who);
   if (st == MOEJIT_ERR_NOT_FOUND) return mj_strlcpy(why, moejit_last_error(), cap), MOEJIT_OK;
@@ -406,17 +408,18 @@ static moejit_status table_named(const char *device_name, const moejit_load_opts
                  who, msg);
 }
 
-static moejit_status find_table(moejit_ctx *ctx, const moejit_load_opts *opts, mj_tuned_table *t,
-                                int *have, char *why, size_t cap) {
+static moejit_status find_table(moejit_ctx *ctx, const moejit_spec *spec,
+                                const moejit_load_opts *opts, mj_tuned_table *t, int *have,
+                                char *why, size_t cap) {
   *have = 0;
   if (opts && (opts->tuned_disable || opts->tuned_table))
-    return table_named(NULL, opts, "moejit_model_load", t, have, why, cap);
+    return table_named(NULL, spec, opts, "moejit_model_load", t, have, why, cap);
   moejit_device_info info;
   if (moejit_ctx_device_info(ctx, &info) != MOEJIT_OK) {
     snprintf(why, cap, "no tuned table: the device's name is unknown (%s)", moejit_last_error());
     return MOEJIT_OK;
   }
-  return table_named(info.name, opts, "moejit_model_load", t, have, why, cap);
+  return table_named(info.name, spec, opts, "moejit_model_load", t, have, why, cap);
 }
 
 static family_job *add_job(load_batch *b, const char *name, const moejit_spec *spec, int row,
@@ -556,7 +559,7 @@ static moejit_status load_into(moejit_model *m, unsigned families, const moejit_
   char no_table[512] = "";
   moejit_status st = MOEJIT_OK;
   if (families & (MJ_OPS_GEMM1 | MJ_OPS_GEMM2))
-    st = find_table(m->ctx, opts, &table, &have, no_table, sizeof no_table);
+    st = find_table(m->ctx, &m->spec, opts, &table, &have, no_table, sizeof no_table);
   load_plan *plan = NULL;
   if (!st)
     st = compile_families(m, moejit_ctx_compiler(m->ctx), mj_ctx_arch(m->ctx), families,
@@ -632,7 +635,7 @@ moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec
   int have = 0;
   char no_table[512] = "";
   if ((device_name && *device_name) || (opts && opts->tuned_table))
-    st = table_named(device_name, opts, "moejit_model_prebuild", &table, &have, no_table,
+    st = table_named(device_name, spec, opts, "moejit_model_prebuild", &table, &have, no_table,
                      sizeof no_table);
   else
     mj_strlcpy(no_table,

@@ -555,14 +555,19 @@ static void put_quoted(mj_buf *b, const char *s) {
   mj_buf_puts(b, "\"");
 }
 
+/* An entry's shape keys as the writer puts them, "hidden: 2048, ...,
+ * top_k: 8, " (the embedded tables' shape filter looks for this text). */
+static void put_shape(mj_buf *b, int64_t hidden, int64_t expert_width, int experts, int top_k) {
+  mj_buf_printf(b, "hidden: %lld, expert_width: %lld, experts: %d, top_k: %d, ", (long long)hidden,
+                (long long)expert_width, experts, top_k);
+}
+
 static void put_entry(mj_buf *b, const mj_tuned_entry *e) {
   const moejit_gemm_cfg *g = &e->cfg;
-  mj_buf_printf(b,
-                "  - {kernel: %s, dtype: %s, hidden: %lld, expert_width: %lld, experts: %d, "
-                "top_k: %d, tokens: %lld, tile: [%d, %d, %d], stages: %d, warps: %d, ",
-                e->kernel, moejit_dtype_name(e->dtype), (long long)e->hidden,
-                (long long)e->expert_width, (int)e->experts, (int)e->top_k, (long long)e->tokens,
-                g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps);
+  mj_buf_printf(b, "  - {kernel: %s, dtype: %s, ", e->kernel, moejit_dtype_name(e->dtype));
+  put_shape(b, e->hidden, e->expert_width, e->experts, e->top_k);
+  mj_buf_printf(b, "tokens: %lld, tile: [%d, %d, %d], stages: %d, warps: %d, ",
+                (long long)e->tokens, g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps);
   if (g->cluster_m != 1 || g->cluster_n != 1)
     mj_buf_printf(b, "cluster: [%d, %d], ", g->cluster_m, g->cluster_n);
   if (g->raster != MOEJIT_RASTER_ALONG_M) mj_buf_printf(b, "raster: %s, ", raster_names[g->raster]);
@@ -800,9 +805,73 @@ static moejit_status from_dir(const char *device, const char *file, mj_tuned_tab
   return MOEJIT_OK;
 }
 
-moejit_status mj_tuned_table_for_device_in(const char *device_name,
-                                           const mj_embedded_file *embedded, size_t n_embedded,
-                                           mj_tuned_table *t) {
+/* Keeps the entries of `only`'s shape (all of them: every kernel, dtype and
+ * bucket). */
+static void keep_shape(mj_tuned_table *t, const mj_tuned_shape *only) {
+  size_t n = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    const mj_tuned_entry *e = &t->entries[i];
+    if (e->hidden == only->hidden && e->expert_width == only->expert_width &&
+        e->experts == only->experts && e->top_k == only->top_k)
+      t->entries[n++] = *e;
+  }
+  t->n = n;
+}
+
+/* The lines of an embedded table that hold `only`'s entries, under its
+ * header: an embedded table is what the writer writes (a test holds every
+ * shipped one to that), one entry a line with its shape keys spelled as
+ * put_shape spells them, so the load parses a few lines instead of the
+ * whole table. Returns 0 when out of memory. */
+static int shape_lines(const mj_embedded_file *f, const mj_tuned_shape *only, mj_buf *out) {
+  mj_buf want = {0};
+  put_shape(&want, only->hidden, only->expert_width, only->experts, only->top_k);
+  const char *p = f->text, *end = f->text + f->len;
+  size_t kept = 0;
+  int in_entries = 0;
+  while (p < end && !want.oom) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    const size_t n = nl ? (size_t)(nl - p) + 1 : (size_t)(end - p);
+    if (!in_entries && n >= 8 && !memcmp(p, "entries:", 8)) {
+      in_entries = 1;
+    } else if (!in_entries) {
+      mj_buf_append(out, p, n);
+    } else if (n > want.len) {
+      for (size_t i = 0; i + want.len <= n; i++)
+        if (p[i] == want.data[0] && !memcmp(p + i, want.data, want.len)) {
+          if (!kept++) mj_buf_puts(out, "entries:\n");
+          mj_buf_append(out, p, n);
+          break;
+        }
+    }
+    p += n;
+  }
+  if (!kept) mj_buf_puts(out, "entries: []\n");
+  const int ok = !want.oom && !out->oom;
+  mj_buf_free(&want);
+  return ok;
+}
+
+/* An embedded table, whole or (only) its lines of one shape. Should those
+ * lines not parse, the whole table is parsed, so that an error names the
+ * place in it. */
+static moejit_status parse_embedded(const mj_embedded_file *f, const mj_tuned_shape *only,
+                                    const char *origin, mj_tuned_table *t) {
+  if (only) {
+    mj_buf lines = {0};
+    moejit_status st = MOEJIT_ERR_OUT_OF_MEMORY;
+    if (shape_lines(f, only, &lines)) st = mj_tuned_table_parse(lines.data, lines.len, origin, t);
+    mj_buf_free(&lines);
+    if (!st) return MOEJIT_OK;
+  }
+  moejit_status st = mj_tuned_table_parse(f->text, f->len, origin, t);
+  if (!st && only) keep_shape(t, only);
+  return st;
+}
+
+static moejit_status for_device(const char *device_name, const mj_tuned_shape *only,
+                                const mj_embedded_file *embedded, size_t n_embedded,
+                                mj_tuned_table *t) {
   if (t) memset(t, 0, sizeof *t);
   if (!device_name || !*device_name || !t)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "mj_tuned_table_for_device: %s",
@@ -817,11 +886,12 @@ moejit_status mj_tuned_table_for_device_in(const char *device_name,
   mj_buf looked = {0};
   int found = 0;
   moejit_status st = from_dir(device_name, file, t, &looked, &found);
+  if (!st && found && only) keep_shape(t, only);
   for (size_t i = 0; !st && !found && i < n_embedded; i++) {
     if (strcmp(embedded[i].name, file) != 0) continue;
     char origin[MOEJIT_PATH_MAX];
     snprintf(origin, sizeof origin, "embedded:%s", embedded[i].name);
-    st = mj_tuned_table_parse(embedded[i].text, embedded[i].len, origin, t);
+    st = parse_embedded(&embedded[i], only, origin, t);
     if (!st) found = take_if_device(device_name, t, &looked);
     if (!st && !found) break;
   }
@@ -840,8 +910,35 @@ moejit_status mj_tuned_table_for_device_in(const char *device_name,
   return st;
 }
 
+moejit_status mj_tuned_table_for_device_in(const char *device_name,
+                                           const mj_embedded_file *embedded, size_t n_embedded,
+                                           mj_tuned_table *t) {
+  return for_device(device_name, NULL, embedded, n_embedded, t);
+}
+
 moejit_status mj_tuned_table_for_device(const char *device_name, mj_tuned_table *t) {
-  return mj_tuned_table_for_device_in(device_name, mj_embedded_tuned, mj_embedded_tuned_count, t);
+  return for_device(device_name, NULL, mj_embedded_tuned, mj_embedded_tuned_count, t);
+}
+
+void mj_tuned_shape_of(const moejit_spec *spec, mj_tuned_shape *out) {
+  out->hidden = spec->hidden, out->expert_width = spec->expert_width;
+  out->experts = spec->experts, out->top_k = spec->top_k;
+}
+
+moejit_status mj_tuned_table_for_shape_in(const char *device_name, const mj_tuned_shape *shape,
+                                          const mj_embedded_file *embedded, size_t n_embedded,
+                                          mj_tuned_table *t) {
+  if (!shape) {
+    if (t) memset(t, 0, sizeof *t);
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "mj_tuned_table_for_shape: shape is NULL");
+  }
+  return for_device(device_name, shape, embedded, n_embedded, t);
+}
+
+moejit_status mj_tuned_table_for_shape(const char *device_name, const mj_tuned_shape *shape,
+                                       mj_tuned_table *t) {
+  return mj_tuned_table_for_shape_in(device_name, shape, mj_embedded_tuned, mj_embedded_tuned_count,
+                                     t);
 }
 
 /* ---- lookup --------------------------------------------------------------------- */

@@ -117,6 +117,24 @@ moejit_status mj_tuned_table_for_device_in(const char *device_name,
                                            const struct mj_embedded_file *embedded,
                                            size_t n_embedded, mj_tuned_table *t);
 
+/* The shape keys of an entry (its d, f, E and k). */
+typedef struct mj_tuned_shape {
+  int64_t hidden, expert_width;
+  int experts, top_k;
+} mj_tuned_shape;
+void mj_tuned_shape_of(const moejit_spec *spec, mj_tuned_shape *out);
+/* mj_tuned_table_for_device keeping only the entries of one shape (every
+ * kernel, dtype and bucket of it), as a model load needs them. A table from
+ * $MOEJIT_TUNED_DIR is parsed whole, so an error anywhere in it still fails;
+ * an embedded one (shipped tables are what the writer writes, one entry a
+ * line) has only its header and that shape's lines parsed, a fraction of
+ * the work for a table of many shapes. */
+moejit_status mj_tuned_table_for_shape(const char *device_name, const mj_tuned_shape *shape,
+                                       mj_tuned_table *t);
+moejit_status mj_tuned_table_for_shape_in(const char *device_name, const mj_tuned_shape *shape,
+                                          const struct mj_embedded_file *embedded,
+                                          size_t n_embedded, mj_tuned_table *t);
+
 /* 1 when $MOEJIT_TUNED_DISABLE is set to something other than "" or "0". */
 int mj_tuned_disabled(void);
 

@@ -2,7 +2,8 @@
  * variants (src/ops/gemm_choice.c), without a GPU: parse/write round trips
  * of fresh random tables, errors with file:line:col for every malformed or
  * out-of-range field, the nearest-bucket rule against a brute force, the
- * table of a device from $MOEJIT_TUNED_DIR and the embedded list,
+ * table of a device (whole, or one shape's entries as a load reads them)
+ * from $MOEJIT_TUNED_DIR and the embedded list,
  * $MOEJIT_TUNED_DISABLE, what a load keeps and reports, and pinning the
  * heuristic at one T (moejit_tuned_table_pin_heuristic). */
 #include <criterion/criterion.h>
@@ -777,6 +778,165 @@ Test(tuned_device, disable_variable) {
   unsetenv("MOEJIT_TUNED_DIR");
   ts_rmtree(dir);
   free(dir);
+}
+
+static int same_shape(const mj_tuned_entry *e, const mj_tuned_shape *sh) {
+  return e->hidden == sh->hidden && e->expert_width == sh->expert_width &&
+         e->experts == sh->experts && e->top_k == sh->top_k;
+}
+
+/* A load reads one shape of its device's table (mj_tuned_table_for_shape):
+ * for every shipped table and every shape in it, exactly that shape's
+ * entries of the whole table, in the same order, under the same header and
+ * origin; a shape the table lacks gives the header and no entries. */
+Test(tuned_device, a_shape_read_of_a_shipped_table_is_that_shape_of_the_whole) {
+  unsetenv("MOEJIT_TUNED_DIR");
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  for (size_t i = 0; i < mj_embedded_tuned_count; i++) {
+    mj_tuned_table whole;
+    OK(mj_tuned_table_parse(mj_embedded_tuned[i].text, mj_embedded_tuned[i].len, "whole", &whole));
+    size_t shapes = 0;
+    for (size_t j = 0; j < whole.n; j++) {
+      const mj_tuned_entry *e = &whole.entries[j];
+      const mj_tuned_shape sh = {e->hidden, e->expert_width, e->experts, e->top_k};
+      int seen = 0;
+      for (size_t k = 0; k < j && !seen; k++) seen = same_shape(&whole.entries[k], &sh);
+      if (seen) continue;
+      shapes++;
+      mj_tuned_table t;
+      OK(mj_tuned_table_for_shape_in(whole.device, &sh, mj_embedded_tuned, mj_embedded_tuned_count,
+                                     &t));
+      char origin[300];
+      snprintf(origin, sizeof origin, "embedded:%s", mj_embedded_tuned[i].name);
+      cr_expect_str_eq(t.origin, origin);
+      cr_expect(!strcmp(t.device, whole.device) && !strcmp(t.arch, whole.arch) &&
+                    !strcmp(t.nvrtc, whole.nvrtc) && !strcmp(t.date, whole.date) &&
+                    t.driver == whole.driver,
+                "%s: the header differs", origin);
+      size_t n = 0;
+      for (size_t k = 0; k < whole.n; k++) {
+        if (!same_shape(&whole.entries[k], &sh)) continue;
+        cr_assert_lt(n, t.n, "%s: d=%lld f=%lld E=%d k=%d: too few entries", origin,
+                     (long long)sh.hidden, (long long)sh.expert_width, sh.experts, sh.top_k);
+        expect_same_entry(&whole.entries[k], &t.entries[n], n);
+        n++;
+      }
+      cr_expect_eq(n, t.n, "%s: d=%lld: %zu entries of %zu", origin, (long long)sh.hidden, t.n, n);
+      mj_tuned_table_free(&t);
+    }
+    cr_expect_gt(shapes, 1, "%s holds one shape; the test wants several",
+                 mj_embedded_tuned[i].name);
+    const mj_tuned_shape none = {8, 8, 3, 1};
+    mj_tuned_table t;
+    OK(mj_tuned_table_for_shape_in(whole.device, &none, mj_embedded_tuned, mj_embedded_tuned_count,
+                                   &t));
+    cr_expect_eq(t.n, 0);
+    cr_expect_str_eq(t.device, whole.device);
+    mj_tuned_table_free(&t);
+    mj_tuned_table_free(&whole);
+  }
+}
+
+/* A table of two shapes, the first entry of the second broken ("stages: x"). */
+static char *two_shape_table(const char *device, const moejit_spec *a, const moejit_spec *b,
+                             int *broken_line) {
+  mj_tuned_table t;
+  fill_header(&t, device);
+  for (int i = 0; i < 3; i++) {
+    const moejit_spec *s = i == 1 ? b : a;
+    mj_tuned_entry e = ts_tuned_entry(s, i == 2 ? "gemm2" : "gemm1", 32 << i,
+                                      ts_tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
+    OK(mj_tuned_table_put(&t, &e));
+  }
+  char *dir = ts_mkdtemp("tuned-two"), path[1200];
+  snprintf(path, sizeof path, "%s/t.yaml", dir);
+  OK(mj_tuned_table_write(&t, path));
+  mj_tuned_table_free(&t);
+  char *text = NULL;
+  size_t len = 0;
+  OK(mj_read_file(path, &text, &len));
+  ts_rmtree(dir);
+  free(dir);
+  char want[160];
+  snprintf(want, sizeof want, "hidden: %lld, expert_width: %lld, experts: %d, top_k: %d, ",
+           (long long)b->hidden, (long long)b->expert_width, b->experts, b->top_k);
+  char *line = strstr(text, want);
+  cr_assert(line, "the writer no longer spells shapes as %s", want);
+  char *stages = strstr(line, "stages: 4");
+  cr_assert(stages);
+  stages[8] = 'x';
+  *broken_line = 1;
+  for (const char *p = text; p < line; p++) *broken_line += *p == '\n';
+  return text;
+}
+
+/* An embedded table is read one shape at a time: a broken line of that
+ * shape fails with its place in the whole table, one of another shape is
+ * not read (the shipped tables are held to the writer's output by the
+ * tests above); a table in $MOEJIT_TUNED_DIR is read whole, so any broken
+ * line fails every shape. */
+Test(tuned_device, a_shape_read_parses_that_shapes_lines_of_an_embedded_table) {
+  unsetenv("MOEJIT_TUNED_DIR");
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  moejit_spec a = qwen(), b;
+  OK(moejit_spec_load_preset("mixtral-8x7b", &b));
+  int line = 0;
+  char *text = two_shape_table("Dev S", &a, &b, &line);
+  const mj_embedded_file emb[] = {{"Dev_S.yaml", text, strlen(text)}};
+  mj_tuned_shape sa, sb;
+  mj_tuned_shape_of(&a, &sa);
+  mj_tuned_shape_of(&b, &sb);
+  mj_tuned_table t;
+  OK(mj_tuned_table_for_shape_in("Dev S", &sa, emb, 1, &t));
+  cr_expect_eq(t.n, 2);
+  for (size_t i = 0; i < t.n; i++) cr_expect(same_shape(&t.entries[i], &sa), "entry %zu", i);
+  mj_tuned_table_free(&t);
+  char where[64];
+  snprintf(where, sizeof where, "embedded:Dev_S.yaml:%d:", line);
+  cr_expect_eq(mj_tuned_table_for_shape_in("Dev S", &sb, emb, 1, &t), MOEJIT_ERR_CONFIG);
+  cr_expect(strstr(moejit_last_error(), where) && strstr(moejit_last_error(), "stages"), "%s",
+            moejit_last_error());
+  cr_expect_eq(mj_tuned_table_for_device_in("Dev S", emb, 1, &t), MOEJIT_ERR_CONFIG);
+
+  char *dir = ts_mkdtemp("tuned-shape-dir");
+  free(ts_write_file(dir, "Dev_S.yaml", text));
+  setenv("MOEJIT_TUNED_DIR", dir, 1);
+  cr_expect_eq(mj_tuned_table_for_shape_in("Dev S", &sa, NULL, 0, &t), MOEJIT_ERR_CONFIG);
+  snprintf(where, sizeof where, "Dev_S.yaml:%d:", line);
+  cr_expect(strstr(moejit_last_error(), where), "%s", moejit_last_error());
+  unsetenv("MOEJIT_TUNED_DIR");
+  ts_rmtree(dir);
+  free(dir);
+  free(text);
+}
+
+/* From $MOEJIT_TUNED_DIR too, a shape read keeps that shape's entries. */
+Test(tuned_device, a_shape_read_of_a_tuned_dir_table_keeps_that_shape) {
+  unsetenv("MOEJIT_TUNED_DISABLE");
+  moejit_spec a = qwen(), b;
+  OK(moejit_spec_load_preset("mixtral-8x7b", &b));
+  int line = 0;
+  char *text = two_shape_table("Dev T", &a, &b, &line);
+  char *fix = strstr(text, "stages: x");
+  cr_assert(fix);
+  fix[8] = '4';
+  char *dir = ts_mkdtemp("tuned-shape-keep");
+  free(ts_write_file(dir, "Dev_T.yaml", text));
+  setenv("MOEJIT_TUNED_DIR", dir, 1);
+  mj_tuned_shape sa, sb;
+  mj_tuned_shape_of(&a, &sa);
+  mj_tuned_shape_of(&b, &sb);
+  mj_tuned_table t;
+  OK(mj_tuned_table_for_shape_in("Dev T", &sa, NULL, 0, &t));
+  cr_expect_eq(t.n, 2);
+  mj_tuned_table_free(&t);
+  OK(mj_tuned_table_for_shape_in("Dev T", &sb, NULL, 0, &t));
+  cr_expect(t.n == 1 && same_shape(&t.entries[0], &sb));
+  mj_tuned_table_free(&t);
+  unsetenv("MOEJIT_TUNED_DIR");
+  ts_rmtree(dir);
+  free(dir);
+  free(text);
 }
 
 /* Whatever configs/tuned/ holds parses, under the file name of its device. */
