@@ -72,8 +72,9 @@ typedef struct family_job {
  * load resolves in it. Built with only those entries (MJ_ENTRY_SUBSET) the
  * modules are smaller and compile faster; $MOEJIT_MODULE_SUBSETS=0 builds
  * every entry of the template instead. At most the spec's own kernel, its
- * decode tile and one per tuned variant, for each GEMM. */
-#define MJ_LOAD_MAX_GROUPS (2 * (2 + MJ_GEMM_MAX_VARIANTS))
+ * decode tile, one per tuned variant and the _wide64 part of one of them
+ * (module_part), for each GEMM. */
+#define MJ_LOAD_MAX_GROUPS (2 * (3 + MJ_GEMM_MAX_VARIANTS))
 
 typedef struct group_list {
   mj_gemm_module g[MJ_LOAD_MAX_GROUPS];
@@ -245,20 +246,34 @@ static moejit_status list_gemm(warm_list *w, int which) {
   return MOEJIT_OK;
 }
 
-/* The index of the module of (family, spec) in gl, or -1. spec is
+/* The part of its kernel spec's modules an entry is built in
+ * (mj_gemm_module.part): the decode layer's _wide64 entries apart. Their
+ * GEMM 2 is the longest entry of any module to compile, so with it alone a
+ * cold load's longest compile is shorter; each such module is one more to
+ * load warm. Where modules hold every entry ($MOEJIT_MODULE_SUBSETS=0)
+ * there are no parts. */
+static int module_part(const group_list *gl, const char *entry) {
+  return gl->subsets &&
+         (!strcmp(entry, mj_decode_entry(1, 2)) || !strcmp(entry, mj_decode_entry(2, 2)));
+}
+
+/* The index of the module of (family, spec, part) in gl, or -1. spec is
  * canonical, as warm_add stores every warm_job's. */
-static long group_index(const group_list *gl, const char *family, const moejit_spec *spec) {
+static long group_index(const group_list *gl, const char *family, const moejit_spec *spec,
+                        int part) {
   for (size_t i = 0; i < gl->n; i++)
-    if (strcmp(gl->g[i].family, family) == 0 && memcmp(&gl->g[i].spec, spec, sizeof *spec) == 0)
+    if (gl->g[i].part == part && strcmp(gl->g[i].family, family) == 0 &&
+        memcmp(&gl->g[i].spec, spec, sizeof *spec) == 0)
       return (long)i;
   return -1;
 }
 
-/* The entries the module of (family, canonical spec) is built with; NULL: all. */
+/* The entries the module holding (family, canonical spec, entry) is built
+ * with; NULL: all. */
 static const mj_entry_set *group_set(const group_list *gl, const char *family,
-                                     const moejit_spec *spec) {
+                                     const moejit_spec *spec, const char *entry) {
   if (!gl || !gl->subsets) return NULL;
-  const long i = group_index(gl, family, spec);
+  const long i = group_index(gl, family, spec, module_part(gl, entry));
   return i < 0 ? NULL : &gl->g[i].set;
 }
 
@@ -267,7 +282,7 @@ static void warm_one(size_t i, void *arg) {
   warm_list *w = arg;
   warm_job *j = &w->jobs[i];
   CUfunction fn;
-  const mj_entry_set *only = group_set(w->groups, j->family, &j->spec);
+  const mj_entry_set *only = group_set(w->groups, j->family, &j->spec, j->entry);
   j->status = mj_ctx_get_function_from(w->m->ctx, &j->spec, j->family, only, j->entry, &fn);
   if (j->status) snprintf(j->message, sizeof j->message, "%s", moejit_last_error());
 }
@@ -310,13 +325,15 @@ static moejit_status load_plan_make(moejit_model *m, const char *arch, unsigned 
     const warm_job *j = &p->w.jobs[i];
     if (strcmp(j->family, "gemm1") != 0 && strcmp(j->family, "gemm2") != 0) continue;
     group_list *gl = &p->gl;
-    const long at = group_index(gl, j->family, &j->spec);
+    const int part = module_part(gl, j->entry);
+    const long at = group_index(gl, j->family, &j->spec, part);
     mj_gemm_module *g = at < 0 ? NULL : &gl->g[at];
     if (!g && gl->n < MJ_LOAD_MAX_GROUPS) {
       g = &gl->g[gl->n++];
       g->family = j->family;
       g->spec = j->spec; /* canonical (warm_add) */
       g->set.n = 0;
+      g->part = part;
     }
     if (!g || !mj_entry_set_add(&g->set, j->entry))
       st = mj_fail(MOEJIT_ERR_INTERNAL,
@@ -474,7 +491,8 @@ static void add_gemm_jobs(load_batch *b, const group_list *gl, const int gemm_ro
     const mj_gemm_module *g = &gl->g[k];
     const int row = gemm_row[strcmp(g->family, "gemm1") == 0 ? 0 : 1];
     if (row < 0 || b->n == MJ_LOAD_MAX_JOBS) continue;
-    family_job *j = add_job(b, g->family, &g->spec, row, module_kind(b->m, g));
+    /* a _wide64 part counts in its row's time and hit, as a derived tile does */
+    family_job *j = add_job(b, g->family, &g->spec, row, g->part ? 2 : module_kind(b->m, g));
     j->only = gl->subsets ? &g->set : NULL;
   }
 }

@@ -32,11 +32,14 @@ struct mj_ep;
 
 /* One GEMM module of a whole-layer load: the family, the kernel spec
  * (canonical, mj_spec_canonical) and the entries the load resolves in it,
- * which the module is built with (model.c). */
+ * which the module is built with (model.c). `part` 1: the decode layer's
+ * _wide64 entry of that kernel spec, in a module of its own (the longest
+ * entry to compile, so NVRTC builds it beside the rest); 0: the others. */
 typedef struct mj_gemm_module {
   const char *family;
   moejit_spec spec;
   mj_entry_set set;
+  int part;
 } mj_gemm_module;
 
 /* ---- tuned GEMM variants (gemm_choice.c) ------------------------------- */

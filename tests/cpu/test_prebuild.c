@@ -122,8 +122,9 @@ Test(prebuild, tuned_tiles_once_then_every_call_is_all_hits) {
   const int files = ts_count_files(cache, ".mjc");
   /* gemm2's one bucket (T = 64, a tile path) serves every T but T = 1, a
    * decode size, where AUTO runs the GEMV entry of gemm2's own module: so
-   * that module is built too */
-  cr_expect_eq(files, 5 + 2, "one cache entry per family and per new tile");
+   * that module is built too, and beside it the module of its _wide64
+   * decode entry (the decode sizes of k = 8 reach 64 entries) */
+  cr_expect_eq(files, 5 + 3, "one cache entry per family and per new tile, and gemm2's _wide64");
   cr_expect_eq(strlen(g2->key), 32);
   cr_expect_eq(strlen(g1->key), 32);
 
@@ -161,7 +162,8 @@ Test(prebuild, tuned_tiles_once_then_every_call_is_all_hits) {
     if (i == 0) heuristic_files = ts_count_files(cache, ".mjc");
     cr_expect_eq(ts_count_files(cache, ".mjc"), heuristic_files, "case %zu", i);
   }
-  cr_expect_leq(heuristic_files, files + 2, "at most a new gemm1 and gemm2 module");
+  cr_expect_leq(heuristic_files, files + 3,
+                "at most a new gemm1 and gemm2 module, and gemm1's _wide64 (its GEMV at T = 1)");
   cr_expect_gt(heuristic_files, files, "gemm2's own tile, built now");
 
   /* opts.tuned_table: that file instead of the device's, whichever device
@@ -243,7 +245,8 @@ Test(prebuild, bad_arguments_and_a_broken_table_fail_before_compiling) {
   moejit_compiler_destroy(c);
 }
 
-/* The module of (family, kernel spec) holding `entry`, or NULL. */
+/* The module of (family, kernel spec) holding `entry`, or NULL (a kernel
+ * spec's _wide64 entries are a module of their own). */
 static const mj_gemm_module *module_with(const mj_gemm_module *mods, size_t n, const char *family,
                                          const moejit_spec *kspec, const char *entry) {
   moejit_spec canon;
@@ -253,7 +256,6 @@ static const mj_gemm_module *module_with(const mj_gemm_module *mods, size_t n, c
       continue;
     for (int e = 0; e < mods[i].set.n; e++)
       if (strcmp(mods[i].set.name[e], entry) == 0) return &mods[i];
-    return NULL;
   }
   return NULL;
 }
@@ -308,7 +310,17 @@ Test(prebuild, every_kernel_a_forward_looks_up_is_in_a_module_of_the_load) {
         size_t n = 0;
         OK(mj_layer_gemm_modules(&s, archs[a], v, &mods, &n));
         cr_assert_gt(n, 0);
-        for (size_t i = 0; i < n; i++) cr_expect_gt(mods[i].set.n, 0);
+        for (size_t i = 0; i < n; i++) {
+          cr_expect_gt(mods[i].set.n, 0);
+          /* a _wide64 decode entry is a module of its own, and only those are part 1 */
+          int wide64 = 0;
+          for (int e = 0; e < mods[i].set.n; e++)
+            wide64 += !strcmp(mods[i].set.name[e], mj_decode_entry(1, 2)) ||
+                      !strcmp(mods[i].set.name[e], mj_decode_entry(2, 2));
+          cr_expect(wide64 ? mods[i].set.n == 1 && mods[i].part == 1 : mods[i].part == 0,
+                    "%s %s module %zu: %d entries, %d of them _wide64, part %d", presets[p],
+                    archs[a], i, mods[i].set.n, wide64, mods[i].part);
+        }
         const char *what = tuned ? "tuned" : "heuristic";
         for (int64_t t = 1; t <= 300; t++) expect_covered(&s, archs[a], v, mods, n, t, what);
         for (int64_t t = 256; t <= ((int64_t)1 << 22); t *= 2)
