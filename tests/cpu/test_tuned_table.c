@@ -837,13 +837,19 @@ Test(tuned_device, a_shape_read_of_a_shipped_table_is_that_shape_of_the_whole) {
   }
 }
 
-/* A table of two shapes, the first entry of the second broken ("stages: x"). */
-static char *two_shape_table(const char *device, const moejit_spec *a, const moejit_spec *b,
+/* A table of two shapes, qwen3-30b-a3b's (two entries) and mixtral-8x7b's
+ * (one), their shapes in *sa and *sb; with `broken`, mixtral's entry reads
+ * "stages: x", on line *broken_line. */
+static char *two_shape_table(const char *device, int broken, mj_tuned_shape *sa, mj_tuned_shape *sb,
                              int *broken_line) {
+  moejit_spec a = qwen(), b;
+  OK(moejit_spec_load_preset("mixtral-8x7b", &b));
+  mj_tuned_shape_of(&a, sa);
+  mj_tuned_shape_of(&b, sb);
   mj_tuned_table t;
   fill_header(&t, device);
   for (int i = 0; i < 3; i++) {
-    const moejit_spec *s = i == 1 ? b : a;
+    const moejit_spec *s = i == 1 ? &b : &a;
     mj_tuned_entry e = ts_tuned_entry(s, i == 2 ? "gemm2" : "gemm1", 32 << i,
                                       ts_tile(64, 128, 64, 4, 8), MOEJIT_GEMM_PATH_WGMMA);
     OK(mj_tuned_table_put(&t, &e));
@@ -857,9 +863,10 @@ static char *two_shape_table(const char *device, const moejit_spec *a, const moe
   OK(mj_read_file(path, &text, &len));
   ts_rmtree(dir);
   free(dir);
+  if (!broken) return text;
   char want[160];
   snprintf(want, sizeof want, "hidden: %lld, expert_width: %lld, experts: %d, top_k: %d, ",
-           (long long)b->hidden, (long long)b->expert_width, b->experts, b->top_k);
+           (long long)b.hidden, (long long)b.expert_width, b.experts, b.top_k);
   char *line = strstr(text, want);
   cr_assert(line, "the writer no longer spells shapes as %s", want);
   char *stages = strstr(line, "stages: 4");
@@ -878,14 +885,10 @@ static char *two_shape_table(const char *device, const moejit_spec *a, const moe
 Test(tuned_device, a_shape_read_parses_that_shapes_lines_of_an_embedded_table) {
   unsetenv("MOEJIT_TUNED_DIR");
   unsetenv("MOEJIT_TUNED_DISABLE");
-  moejit_spec a = qwen(), b;
-  OK(moejit_spec_load_preset("mixtral-8x7b", &b));
-  int line = 0;
-  char *text = two_shape_table("Dev S", &a, &b, &line);
-  const mj_embedded_file emb[] = {{"Dev_S.yaml", text, strlen(text)}};
   mj_tuned_shape sa, sb;
-  mj_tuned_shape_of(&a, &sa);
-  mj_tuned_shape_of(&b, &sb);
+  int line = 0;
+  char *text = two_shape_table("Dev S", 1, &sa, &sb, &line);
+  const mj_embedded_file emb[] = {{"Dev_S.yaml", text, strlen(text)}};
   mj_tuned_table t;
   OK(mj_tuned_table_for_shape_in("Dev S", &sa, emb, 1, &t));
   cr_expect_eq(t.n, 2);
@@ -913,19 +916,11 @@ Test(tuned_device, a_shape_read_parses_that_shapes_lines_of_an_embedded_table) {
 /* From $MOEJIT_TUNED_DIR too, a shape read keeps that shape's entries. */
 Test(tuned_device, a_shape_read_of_a_tuned_dir_table_keeps_that_shape) {
   unsetenv("MOEJIT_TUNED_DISABLE");
-  moejit_spec a = qwen(), b;
-  OK(moejit_spec_load_preset("mixtral-8x7b", &b));
-  int line = 0;
-  char *text = two_shape_table("Dev T", &a, &b, &line);
-  char *fix = strstr(text, "stages: x");
-  cr_assert(fix);
-  fix[8] = '4';
+  mj_tuned_shape sa, sb;
+  char *text = two_shape_table("Dev T", 0, &sa, &sb, NULL);
   char *dir = ts_mkdtemp("tuned-shape-keep");
   free(ts_write_file(dir, "Dev_T.yaml", text));
   setenv("MOEJIT_TUNED_DIR", dir, 1);
-  mj_tuned_shape sa, sb;
-  mj_tuned_shape_of(&a, &sa);
-  mj_tuned_shape_of(&b, &sb);
   mj_tuned_table t;
   OK(mj_tuned_table_for_shape_in("Dev T", &sa, NULL, 0, &t));
   cr_expect_eq(t.n, 2);
