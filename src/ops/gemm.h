@@ -100,6 +100,9 @@ int mj_gemm_bucket_serves(const moejit_spec *spec, int which, int64_t bucket, mo
 #define MJ_GEMV1_COLS 2
 #define MJ_GEMV2_COLS 4
 #define MJ_GEMV_BLOCKS_PER_SM 2
+/* The GEMV path's entries (fill_gemv_plan, gemm_plan.c). */
+#define MJ_ENTRY_GEMV1 "moejit_gemm1_swiglu_gemv"
+#define MJ_ENTRY_GEMV2 "moejit_gemm2_gemv"
 /* Entries beside the plan's own in the GEMM modules: the decode layer's two
  * launches (layer.c) and GEMM 1 gathering its rows (gemm_launch.c); the
  * load resolves them with the plans that use them (model.c). */

@@ -223,7 +223,7 @@ static int64_t fill_gemv_plan(const moejit_spec *spec, int which, int64_t max_ro
   const int cols = which == 1 ? MJ_GEMV1_COLS : MJ_GEMV2_COLS;
   const int64_t active = max_rows < spec->experts ? max_rows : spec->experts;
   const int64_t units = active * ((p->n_out + cols - 1) / cols);
-  p->entry = which == 1 ? "moejit_gemm1_swiglu_gemv" : "moejit_gemm2_gemv";
+  p->entry = which == 1 ? MJ_ENTRY_GEMV1 : MJ_ENTRY_GEMV2;
   p->use_gemv = 1;
   p->tile_m = MOEJIT_GEMV_PASS_ROWS, p->tile_n = which == 1 ? 2 * cols : cols;
   p->n_tiles = (p->n_out + cols - 1) / cols;

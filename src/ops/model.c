@@ -72,9 +72,9 @@ typedef struct family_job {
  * load resolves in it. Built with only those entries (MJ_ENTRY_SUBSET) the
  * modules are smaller and compile faster; $MOEJIT_MODULE_SUBSETS=0 builds
  * every entry of the template instead. At most the spec's own kernel, its
- * decode tile, one per tuned variant and the _wide64 part of one of them
- * (module_part), for each GEMM. */
-#define MJ_LOAD_MAX_GROUPS (2 * (3 + MJ_GEMM_MAX_VARIANTS))
+ * decode tile, one per tuned variant and the GEMV and _wide64 parts of one
+ * of them (module_part), for each GEMM. */
+#define MJ_LOAD_MAX_GROUPS (2 * (4 + MJ_GEMM_MAX_VARIANTS))
 
 typedef struct group_list {
   mj_gemm_module g[MJ_LOAD_MAX_GROUPS];
@@ -247,14 +247,25 @@ static moejit_status list_gemm(warm_list *w, int which) {
 }
 
 /* The part of its kernel spec's modules an entry is built in
- * (mj_gemm_module.part): the decode layer's _wide64 entries apart. Their
- * GEMM 2 is the longest entry of any module to compile, so with it alone a
- * cold load's longest compile is shorter; each such module is one more to
- * load warm. Where modules hold every entry ($MOEJIT_MODULE_SUBSETS=0)
- * there are no parts. */
+ * (mj_gemm_module.part): 2 the decode layer's _wide64 entry, 1 the GEMV
+ * path's entry and the decode layer's first two pairs, 0 the others (the
+ * tile kernels). A GEMV plan names a tile only for its module, and the
+ * tuned tables give it a tile other T run (e.g. the H100 table's
+ * 128x256x64), so without parts one module held the GEMV, decode, wgmma
+ * and gathering entries: the longest compile of a load, and NVRTC builds a
+ * module on one thread. In three parts NVRTC builds them side by side,
+ * which shortens a cold load; each part is one more module to load warm.
+ * Where modules hold every entry ($MOEJIT_MODULE_SUBSETS=0) there are no
+ * parts. */
 static int module_part(const group_list *gl, const char *entry) {
-  return gl->subsets &&
-         (!strcmp(entry, mj_decode_entry(1, 2)) || !strcmp(entry, mj_decode_entry(2, 2)));
+  if (!gl->subsets) return 0;
+  for (int which = 1; which <= 2; which++) {
+    if (!strcmp(entry, mj_decode_entry(which, 2))) return 2;
+    if (!strcmp(entry, mj_decode_entry(which, 0)) || !strcmp(entry, mj_decode_entry(which, 1)) ||
+        !strcmp(entry, which == 1 ? MJ_ENTRY_GEMV1 : MJ_ENTRY_GEMV2))
+      return 1;
+  }
+  return 0;
 }
 
 /* The index of the module of (family, spec, part) in gl, or -1. spec is
@@ -491,7 +502,8 @@ static void add_gemm_jobs(load_batch *b, const group_list *gl, const int gemm_ro
     const mj_gemm_module *g = &gl->g[k];
     const int row = gemm_row[strcmp(g->family, "gemm1") == 0 ? 0 : 1];
     if (row < 0 || b->n == MJ_LOAD_MAX_JOBS) continue;
-    /* a _wide64 part counts in its row's time and hit, as a derived tile does */
+    /* the tile kernels' module (part 0) is the one the report names; the
+     * other parts count in its row's time and hit, as a derived tile does */
     family_job *j = add_job(b, g->family, &g->spec, row, g->part ? 2 : module_kind(b->m, g));
     j->only = gl->subsets ? &g->set : NULL;
   }

@@ -32,9 +32,10 @@ struct mj_ep;
 
 /* One GEMM module of a whole-layer load: the family, the kernel spec
  * (canonical, mj_spec_canonical) and the entries the load resolves in it,
- * which the module is built with (model.c). `part` 1: the decode layer's
- * _wide64 entry of that kernel spec, in a module of its own (the longest
- * entry to compile, so NVRTC builds it beside the rest); 0: the others. */
+ * which the module is built with (model.c). A kernel spec's entries are
+ * built in up to three modules, `part` 0 its tile kernels, 1 the GEMV path
+ * and the decode layer's first two pairs, 2 the decode layer's _wide64
+ * entry, so that NVRTC builds them side by side (model.c, module_part). */
 typedef struct mj_gemm_module {
   const char *family;
   moejit_spec spec;

@@ -144,8 +144,9 @@ Test(cli, compile_for_a_device_builds_what_its_load_builds) {
   cr_expect(strstr(out, "5 kernel families, 5 from cache, 0 compiled now"), "%s", out);
   cr_expect_eq(ts_count_substr(out, " hit "), 5, "%s", out);
   free(out), free(err);
-  cr_expect_eq(ts_count_files(cache, ".mjc"), 7,
-               "the five families, and each GEMM's _wide64 decode entry (k = 8) apart");
+  cr_expect_eq(ts_count_files(cache, ".mjc"), 9,
+               "route, align, combine, and each GEMM's tile in three modules (tile kernels, "
+               "GEMV and decode, _wide64)");
   /* an arch that a prebuild cannot take: usage error, nothing compiled */
   rc = RUN(&out, &err, "compile", "--preset", "olmoe-1b-7b", "--arch", "auto", "--device", "X",
            "--cache-dir", cache);
