@@ -805,16 +805,18 @@ static moejit_status from_dir(const char *device, const char *file, mj_tuned_tab
   return MOEJIT_OK;
 }
 
+/* 1 when e's shape keys (d, f, E, k) are `shape`'s. */
+static int entry_has_shape(const mj_tuned_entry *e, const mj_tuned_shape *shape) {
+  return e->hidden == shape->hidden && e->expert_width == shape->expert_width &&
+         e->experts == shape->experts && e->top_k == shape->top_k;
+}
+
 /* Keeps the entries of `only`'s shape (all of them: every kernel, dtype and
  * bucket). */
 static void keep_shape(mj_tuned_table *t, const mj_tuned_shape *only) {
   size_t n = 0;
-  for (size_t i = 0; i < t->n; i++) {
-    const mj_tuned_entry *e = &t->entries[i];
-    if (e->hidden == only->hidden && e->expert_width == only->expert_width &&
-        e->experts == only->experts && e->top_k == only->top_k)
-      t->entries[n++] = *e;
-  }
+  for (size_t i = 0; i < t->n; i++)
+    if (entry_has_shape(&t->entries[i], only)) t->entries[n++] = t->entries[i];
   t->n = n;
 }
 
@@ -836,13 +838,9 @@ static int shape_lines(const mj_embedded_file *f, const mj_tuned_shape *only, mj
       in_entries = 1;
     } else if (!in_entries) {
       mj_buf_append(out, p, n);
-    } else if (n > want.len) {
-      for (size_t i = 0; i + want.len <= n; i++)
-        if (p[i] == want.data[0] && !memcmp(p + i, want.data, want.len)) {
-          if (!kept++) mj_buf_puts(out, "entries:\n");
-          mj_buf_append(out, p, n);
-          break;
-        }
+    } else if (memmem(p, n, want.data, want.len)) {
+      if (!kept++) mj_buf_puts(out, "entries:\n");
+      mj_buf_append(out, p, n);
     }
     p += n;
   }
@@ -966,10 +964,10 @@ int mj_tuned_spec_dtypes_ok(const moejit_spec *spec) {
 }
 
 int mj_tuned_entry_shape_is(const mj_tuned_entry *e, const char *kernel, const moejit_spec *spec) {
+  mj_tuned_shape shape;
+  mj_tuned_shape_of(spec, &shape);
   return !strcmp(e->kernel, kernel) && e->dtype == spec->act_dtype &&
-         e->dtype == spec->weight_dtype && e->hidden == spec->hidden &&
-         e->expert_width == spec->expert_width && e->experts == spec->experts &&
-         e->top_k == spec->top_k;
+         e->dtype == spec->weight_dtype && entry_has_shape(e, &shape);
 }
 
 const char *mj_tuned_entry_blocker(const mj_tuned_entry *e, const moejit_spec *spec) {
