@@ -333,7 +333,9 @@ typedef struct moejit_cache_entry_info {
   uint64_t bytes;    /* entry file size */
   int64_t created;   /* unix seconds */
   int64_t last_used;
-  int ok;            /* 1: header, checksum and payload verified */
+  int ok; /* 1: header, checksum and payload verified; 0: damaged (verify
+             --fix removes it); -1: could not be read (permissions, I/O),
+             so not known to be damaged */
 } moejit_cache_entry_info;
 
 MOEJIT_API moejit_status moejit_cache_resolve_dir(const char *dir, char *buf, size_t cap);

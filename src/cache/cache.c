@@ -63,20 +63,45 @@ static moejit_status fault_from_env(int *fault, int *stall_ms) {
 static moejit_status set_root(mj_cache *c, const char *dir) {
   moejit_status st = dir && *dir ? mj_snprintf(c->root, sizeof c->root, "%s", dir)
                                  : mj_cache_default_dir(c->root, sizeof c->root);
+  if (st == MOEJIT_ERR_INVALID_ARGUMENT)
+    return mj_fail(MOEJIT_ERR_CACHE,
+                   "the cache directory's path is longer than the %d bytes this build supports; "
+                   "HINT: set MOEJIT_CACHE_DIR to a shorter path",
+                   MOEJIT_PATH_MAX - 1);
   if (st != MOEJIT_OK) return st;
   for (size_t n = strlen(c->root); n > 1 && c->root[n - 1] == '/'; n--) c->root[n - 1] = '\0';
   return MOEJIT_OK;
 }
 
-/* O_EXCL: concurrent openers race harmlessly; a missing tag is only advisory. */
+/* 1 if the tag at `path` begins with the signature line (the part backup
+ * tools check); 0 if it does not, or cannot be read. */
+static int cachedir_tag_ok(const char *path) {
+  enum { SIG = 44 }; /* "Signature: " + 32 hex digits + newline */
+  char buf[SIG];
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return errno != ENOENT; /* unreadable: leave it alone */
+  ssize_t n = read(fd, buf, SIG);
+  close(fd);
+  return n == SIG && memcmp(buf, cachedir_tag, SIG) == 0;
+}
+
+/* Written whole to a temp file, then linked in place: concurrent openers
+ * race harmlessly, and a disk that fills mid-write leaves no truncated tag.
+ * A truncated one (an earlier full disk) is replaced. The tag is advisory:
+ * failures are ignored. */
 static void write_cachedir_tag(const char *root) {
-  char path[MOEJIT_PATH_MAX + 16];
+  char path[MOEJIT_PATH_MAX + 16], tmp[MOEJIT_PATH_MAX + 48];
   if (snprintf(path, sizeof path, "%s/CACHEDIR.TAG", root) >= (int)sizeof path) return;
-  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (access(path, F_OK) == 0 && cachedir_tag_ok(path)) return;
+  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) return;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return;
   ssize_t n = write(fd, cachedir_tag, sizeof cachedir_tag - 1);
-  (void)n;
-  close(fd);
+  int whole = n == (ssize_t)(sizeof cachedir_tag - 1);
+  if (close(fd) != 0) whole = 0;
+  if (whole && link(tmp, path) != 0 && errno == EEXIST && !cachedir_tag_ok(path))
+    rename(tmp, path); /* replace a truncated tag */
+  unlink(tmp);
 }
 
 static moejit_status prepare_root(mj_cache *c, int fault) {
@@ -299,6 +324,16 @@ moejit_status mj_cache_store(mj_cache *c, const char *key, const mj_cache_meta *
                    "cache directory '%s' is read-only: entry %s not stored" STORE_HINT, c->root,
                    key);
   }
+  /* An entry larger than the whole limit would only evict everything else
+   * and then itself. */
+  if (c->max_bytes > 0 && (uint64_t)len + MJ_CACHE_HEADER_BYTES > c->max_bytes) {
+    count(c, &c->counters.store_failures, 1);
+    return mj_fail(MOEJIT_ERR_CACHE,
+                   "entry %s (%zu bytes) is larger than the cache's size limit of %llu bytes: "
+                   "not stored; HINT: the kernel stays in memory; raise MOEJIT_CACHE_MAXSIZE "
+                   "(or the config's cache.max_size), or set it to 0 for no limit",
+                   key, len, (unsigned long long)c->max_bytes);
+  }
   moejit_status st = write_entry(c, key, meta, data, len);
   if (st != MOEJIT_OK) {
     count(c, &c->counters.store_failures, 1);
@@ -306,7 +341,9 @@ moejit_status mj_cache_store(mj_cache *c, const char *key, const mj_cache_meta *
   }
   count(c, &c->counters.stores, 1);
   size_t evicted = 0;
-  if (c->max_bytes > 0 && mj_cache_evict_lru(c->root, c->max_bytes, &evicted, NULL) == MOEJIT_OK)
+  if (c->max_bytes > 0) {
+    mj_cache_evict_lru(c->root, c->max_bytes, &evicted, NULL); /* best effort */
     count(c, &c->counters.evictions, evicted);
+  }
   return MOEJIT_OK;
 }

@@ -115,25 +115,33 @@ typedef struct mj_cache_file {
   char name[MJ_CACHE_NAME_MAX]; /* inside <root>/<key[0..1]>/ */
   char key[33];
   int is_temp;     /* a <key>.mjc.tmp.<pid>.<rand> leftover or in-flight write */
+  int not_regular; /* an entry's name on a directory, FIFO, symlink...: damaged */
   long writer_pid; /* temp files: the pid in the name */
   uint64_t bytes;
   int64_t mtime_ns; /* last use (entries) or last write (temps) */
 } mj_cache_file;
 
 /* Every entry and temp file under root (other files are never touched). A
- * missing root is an empty cache. *files is malloc'd (may be NULL if n 0). */
+ * missing root is an empty cache. *files is malloc'd (may be NULL if n 0).
+ * mtime_ns is clamped to what int64_t holds. */
 moejit_status mj_cache_scan(const char *root, mj_cache_file **files, size_t *n);
 moejit_status mj_cache_file_path(const char *root, const mj_cache_file *f, char *buf, size_t cap);
 /* Sorts entries oldest use first (ties by name). */
 void mj_cache_sort_lru(mj_cache_file *files, size_t n);
-/* Deletes least-recently-used entries until the total of entry files is
- * <= max_bytes. Counts what it removed (either pointer may be NULL). */
+/* Deletes entries until the total of entry files is <= max_bytes: first
+ * any entry larger than max_bytes by itself, then least recently used
+ * first. An entry it cannot delete is reported (CACHE) and no longer
+ * counted, so newer entries do not pay for it. Counts what it removed
+ * (either pointer may be NULL), also when it returns an error. */
 moejit_status mj_cache_evict_lru(const char *root, uint64_t max_bytes, size_t *n_removed,
                                  uint64_t *bytes_removed);
 /* Removes a damaged entry unless a writer has renamed a fresh one over it
  * since it was read (the inode in head differs). 0 on success or already
  * gone, -1 with errno. */
 int mj_cache_remove_damaged(const char *path, const mj_cache_entry_head *head);
+/* unlink, or rmdir for an (empty) directory; 0 also when already gone,
+ * -1 with errno. */
+int mj_cache_unlink_any(const char *path);
 /* 1 if a temp file is a leftover: older than max_age_s or, when check_pid,
  * written by a process that no longer exists. */
 int mj_cache_temp_is_stale(const mj_cache_file *f, int64_t now_ns, int64_t max_age_s,

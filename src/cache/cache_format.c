@@ -304,7 +304,9 @@ moejit_status mj_cache_read_entry(const char *path, const char *key, mj_cache_en
   memset(head, 0, sizeof *head);
   if (data) *data = NULL;
   if (len) *len = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  /* O_NONBLOCK: a FIFO with an entry's name must not block the open (it is
+   * then rejected below as not a regular file); regular files ignore it. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0 && errno == ENOENT) return mj_fail(MOEJIT_ERR_NOT_FOUND, "no cache entry '%s'", path);
   if (fd < 0 && errno == ELOOP) return damaged(path, "a symbolic link, not an entry");
   if (fd < 0) return mj_fail(MOEJIT_ERR_IO, "cannot open '%s': %s", path, strerror(errno));

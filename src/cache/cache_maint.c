@@ -15,8 +15,14 @@
 moejit_status moejit_cache_resolve_dir(const char *dir, char *buf, size_t cap) {
   if (!buf || cap == 0)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_cache_resolve_dir: no output buffer");
-  if (dir && *dir) return mj_snprintf(buf, cap, "%s", dir);
-  return mj_cache_default_dir(buf, cap);
+  moejit_status st =
+      dir && *dir ? mj_snprintf(buf, cap, "%s", dir) : mj_cache_default_dir(buf, cap);
+  if (st == MOEJIT_ERR_INVALID_ARGUMENT && cap >= MOEJIT_PATH_MAX)
+    return mj_fail(st,
+                   "the cache directory's path is longer than the %d bytes this build "
+                   "supports; HINT: use a shorter path (--cache-dir or MOEJIT_CACHE_DIR)",
+                   MOEJIT_PATH_MAX - 1);
+  return st;
 }
 
 static int64_t now_ns(void) {
@@ -39,9 +45,10 @@ static moejit_status remove_file(const char *root, const mj_cache_file *f, int *
   *removed = 0;
   moejit_status st = mj_cache_file_path(root, f, path, sizeof path);
   if (st != MOEJIT_OK) return st;
-  if (unlink(path) == 0)
+  if (access(path, F_OK) != 0 && errno == ENOENT) return MOEJIT_OK;
+  if (mj_cache_unlink_any(path) == 0)
     *removed = 1;
-  else if (errno != ENOENT)
+  else
     return mj_fail(MOEJIT_ERR_CACHE,
                    "cannot remove '%s': %s; HINT: check the directory's "
                    "permissions",
@@ -58,23 +65,28 @@ moejit_status moejit_cache_stats_get(const char *dir, moejit_cache_stats *stats)
   if (st != MOEJIT_OK) return st;
   memset(stats, 0, sizeof *stats);
   memcpy(stats->dir, root, sizeof root);
+  int dated = 0;
   for (size_t i = 0; i < n; i++) {
     if (files[i].is_temp) {
       stats->temp_files++;
       continue;
     }
-    int64_t used = files[i].mtime_ns / 1000000000;
-    if (stats->entries == 0 || used < stats->oldest_used) stats->oldest_used = used;
-    if (stats->entries == 0 || used > stats->newest_used) stats->newest_used = used;
     stats->entries++;
+    if (files[i].not_regular) continue; /* damaged: no size, no use time */
+    int64_t used = files[i].mtime_ns / 1000000000;
+    if (!dated || used < stats->oldest_used) stats->oldest_used = used;
+    if (!dated || used > stats->newest_used) stats->newest_used = used;
+    dated = 1;
     stats->bytes += files[i].bytes;
   }
   free(files);
   return MOEJIT_OK;
 }
 
+/* Fills *info; *gone set if the entry vanished since the scan (another
+ * process evicted or cleared it): it is then not listed. */
 static moejit_status describe_entry(const char *root, const mj_cache_file *f,
-                                    moejit_cache_entry_info *info) {
+                                    moejit_cache_entry_info *info, int *gone) {
   char path[PATH_CAP];
   mj_cache_entry_head head;
   memset(info, 0, sizeof *info);
@@ -85,7 +97,10 @@ static moejit_status describe_entry(const char *root, const mj_cache_file *f,
   if (st != MOEJIT_OK) return st;
   st = mj_cache_read_entry(path, f->key, &head, NULL, NULL);
   if (st == MOEJIT_ERR_OUT_OF_MEMORY) return st;
-  info->ok = st == MOEJIT_OK;
+  *gone = st == MOEJIT_ERR_NOT_FOUND;
+  /* 1 verified, 0 damaged, -1 not readable (permissions, I/O): not known
+   * to be damaged. */
+  info->ok = st == MOEJIT_OK ? 1 : st == MOEJIT_ERR_CACHE ? 0 : -1;
   if (head.header_ok) {
     mj_strlcpy(info->kernel, head.meta.kernel, sizeof info->kernel);
     mj_strlcpy(info->arch, head.meta.arch, sizeof info->arch);
@@ -107,8 +122,12 @@ moejit_status moejit_cache_list(const char *dir, moejit_cache_entry_info **entri
   mj_cache_sort_lru(files, nf);
   moejit_cache_entry_info *out = calloc(nf ? nf : 1, sizeof *out);
   if (!out) st = mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory listing the cache");
-  for (size_t i = 0; st == MOEJIT_OK && i < nf; i++)
-    if (!files[i].is_temp) st = describe_entry(root, &files[i], &out[k++]);
+  for (size_t i = 0; st == MOEJIT_OK && i < nf; i++) {
+    int gone = 0;
+    if (files[i].is_temp) continue;
+    st = describe_entry(root, &files[i], &out[k], &gone);
+    if (!gone) k++;
+  }
   free(files);
   if (st != MOEJIT_OK) {
     free(out);
@@ -120,7 +139,9 @@ moejit_status moejit_cache_list(const char *dir, moejit_cache_entry_info **entri
 }
 
 /* One entry for verify: 1 good, 0 bad (removed if asked), -1 vanished or
- * not checked (out of memory: *first_err says so, nothing is removed). */
+ * not checked (unreadable, out of memory: *first_err says so, nothing is
+ * removed). Only an entry read and found damaged is bad: one that cannot be
+ * read (another user's, a full descriptor table) may be good. */
 static int verify_entry(const char *root, const mj_cache_file *f, int remove_bad,
                         moejit_status *first_err) {
   char path[PATH_CAP];
@@ -129,7 +150,15 @@ static int verify_entry(const char *root, const mj_cache_file *f, int remove_bad
   if (st == MOEJIT_OK) st = mj_cache_read_entry(path, f->key, &head, NULL, NULL);
   if (st == MOEJIT_OK) return 1;
   if (st == MOEJIT_ERR_NOT_FOUND) return -1;
-  if (st == MOEJIT_ERR_OUT_OF_MEMORY || st == MOEJIT_ERR_INVALID_ARGUMENT) {
+  if (st != MOEJIT_ERR_CACHE) {
+    if (*first_err == MOEJIT_OK && st == MOEJIT_ERR_IO) {
+      char why[PATH_CAP + 128];
+      mj_strlcpy(why, moejit_last_error(), sizeof why);
+      st = mj_fail(st,
+                   "%s; HINT: the entry was not checked and may be good: fix its "
+                   "permissions, or run as its owner",
+                   why);
+    }
     if (*first_err == MOEJIT_OK) *first_err = st;
     return -1;
   }

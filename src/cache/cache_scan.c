@@ -36,6 +36,7 @@ static int classify(const char *sub, const char *name, mj_cache_file *f) {
   const char *rest = name + 36;
   if (*rest == '\0') return 1;
   if (strncmp(rest, ".tmp.", 5) != 0) return 0;
+  if (rest[5] < '1' || rest[5] > '9') return 0; /* strtol would take " +12", "012" */
   char *end;
   errno = 0;
   long pid = strtol(rest + 5, &end, 10);
@@ -64,7 +65,20 @@ static moejit_status push(file_list *l, const mj_cache_file *f) {
   return MOEJIT_OK;
 }
 
-/* Files vanish under us when other processes evict or rename: skip them. */
+/* Nanoseconds since the epoch, clamped: a file dated past 2262 (clock skew,
+ * touch -d, a restored backup) must not overflow into "oldest". */
+static int64_t mtime_ns_of(const struct stat *sb) {
+  const int64_t max_s = INT64_MAX / 1000000000 - 1;
+  int64_t s = (int64_t)sb->st_mtim.tv_sec;
+  if (s > max_s) return max_s * 1000000000;
+  if (s < -max_s) return -max_s * 1000000000;
+  return s * 1000000000 + sb->st_mtim.tv_nsec;
+}
+
+/* Files vanish under us when other processes evict or rename: skip them.
+ * Something other than a regular file under an entry's name (a directory,
+ * FIFO, symlink, ...) is listed as `not_regular` so that verify can report
+ * and remove it; under a temp file's name it is left alone. */
 static moejit_status scan_fanout(int root_fd, const char *sub, file_list *l) {
   int fd = openat(root_fd, sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return MOEJIT_OK;
@@ -79,9 +93,13 @@ static moejit_status scan_fanout(int root_fd, const char *sub, file_list *l) {
     mj_cache_file f;
     struct stat sb;
     if (!classify(sub, e->d_name, &f)) continue;
-    if (fstatat(fd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode)) continue;
-    f.bytes = (uint64_t)sb.st_size;
-    f.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+    if (fstatat(fd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(sb.st_mode)) {
+      if (f.is_temp) continue;
+      f.not_regular = 1;
+    }
+    f.bytes = f.not_regular ? 0 : (uint64_t)sb.st_size;
+    f.mtime_ns = mtime_ns_of(&sb);
     st = push(l, &f);
   }
   closedir(d);
@@ -130,12 +148,13 @@ void mj_cache_sort_lru(mj_cache_file *files, size_t n) {
   if (n > 1) qsort(files, n, sizeof *files, by_lru);
 }
 
-/* Keeps only entries (drops temps) in place; returns their total size. */
+/* Keeps only entries (drops temps and whatever is not a regular file) in
+ * place; returns their total size. */
 static uint64_t keep_entries(mj_cache_file *files, size_t *n) {
   uint64_t total = 0;
   size_t k = 0;
   for (size_t i = 0; i < *n; i++) {
-    if (files[i].is_temp) continue;
+    if (files[i].is_temp || files[i].not_regular) continue;
     total += files[i].bytes;
     files[k++] = files[i];
   }
@@ -152,18 +171,35 @@ moejit_status mj_cache_evict_lru(const char *root, uint64_t max_bytes, size_t *n
   if (st != MOEJIT_OK) return st;
   uint64_t total = keep_entries(files, &n);
   mj_cache_sort_lru(files, n);
-  for (size_t i = 0; i < n && total > max_bytes; i++) {
-    char path[MOEJIT_PATH_MAX + 128];
-    if (mj_cache_file_path(root, &files[i], path, sizeof path) != MOEJIT_OK) continue;
-    if (unlink(path) == 0) {
-      removed++;
-      freed += files[i].bytes;
-    } else if (errno != ENOENT) {
-      st = mj_fail(MOEJIT_ERR_CACHE, "cannot evict '%s': %s", path, strerror(errno));
-      continue; /* still counts against the total */
-    }
-    total -= files[i].bytes; /* ENOENT: another process evicted it */
+  unsigned char *taken = calloc(n ? n : 1, 1);
+  if (!taken) {
+    free(files);
+    return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory evicting cache entries");
   }
+  /* Entries larger than the whole limit go first, whatever their age: LRU
+   * alone would delete every older entry before reaching one of them. Then
+   * least recently used first. An entry that cannot be deleted (another
+   * user's, in a shared sticky directory) leaves the total rather than
+   * pushing the eviction on to newer entries, down to the one just stored. */
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = 0; i < n && total > max_bytes; i++) {
+      if (taken[i] || (pass == 0 && files[i].bytes <= max_bytes)) continue;
+      taken[i] = 1;
+      total -= files[i].bytes; /* gone, already gone (ENOENT), or not ours to delete */
+      char path[MOEJIT_PATH_MAX + 128];
+      if (mj_cache_file_path(root, &files[i], path, sizeof path) != MOEJIT_OK) continue;
+      if (unlink(path) == 0) {
+        removed++;
+        freed += files[i].bytes;
+      } else if (errno != ENOENT && st == MOEJIT_OK) {
+        st = mj_fail(MOEJIT_ERR_CACHE,
+                     "cannot evict '%s': %s; HINT: check its owner and the directory's "
+                     "permissions",
+                     path, strerror(errno));
+      }
+    }
+  }
+  free(taken);
   free(files);
   if (n_removed) *n_removed = removed;
   if (bytes_removed) *bytes_removed = freed;
@@ -183,5 +219,13 @@ int mj_cache_remove_damaged(const char *path, const mj_cache_entry_head *head) {
   if (lstat(path, &sb) != 0) return errno == ENOENT ? 0 : -1;
   if (head->ino && ((uint64_t)sb.st_ino != head->ino || (uint64_t)sb.st_dev != head->dev))
     return 0; /* replaced by a fresh entry since it was read */
-  return unlink(path) == 0 || errno == ENOENT ? 0 : -1;
+  return mj_cache_unlink_any(path);
+}
+
+int mj_cache_unlink_any(const char *path) {
+  struct stat sb;
+  if (lstat(path, &sb) != 0) return errno == ENOENT ? 0 : -1;
+  /* A directory under an entry's name is removed only while empty. */
+  int rc = S_ISDIR(sb.st_mode) ? rmdir(path) : unlink(path);
+  return rc == 0 || errno == ENOENT ? 0 : -1;
 }

@@ -18,8 +18,10 @@ static void cache_usage(FILE *f) {
           "  clear    remove every entry\n"
           "\n"
           "options:\n"
-          "  --cache-dir DIR   cache directory (default: $MOEJIT_CACHE_DIR, then ~/.cache/moejit)\n"
-          "  --max-size SIZE   prune target, e.g. 500M, 2G (default: $MOEJIT_CACHE_MAXSIZE)\n"
+          "  --cache-dir DIR   cache directory (default: $MOEJIT_CACHE_DIR, then\n"
+          "                    $XDG_CACHE_HOME/moejit, then ~/.cache/moejit)\n"
+          "  --max-size SIZE   prune target, e.g. 500M, 2G (default: $MOEJIT_CACHE_MAXSIZE);\n"
+          "                    0: no limit, so prune removes only old temp files\n"
           "  --fix             with verify: delete what is bad\n"
           "  --json            one JSON object\n");
 }
@@ -75,14 +77,17 @@ static int do_list(const char *dir, int json) {
       cli_json_str(stdout, e[i].arch);
       printf(",\"summary\":");
       cli_json_str(stdout, e[i].summary);
-      printf(",\"bytes\":%llu,\"created\":%lld,\"last_used\":%lld,\"ok\":%s}",
+      printf(",\"bytes\":%llu,\"created\":%lld,\"last_used\":%lld,\"ok\":%s,\"readable\":%s}",
              (unsigned long long)e[i].bytes, (long long)e[i].created, (long long)e[i].last_used,
-             e[i].ok ? "true" : "false");
+             e[i].ok == 1 ? "true" : "false", e[i].ok >= 0 ? "true" : "false");
     } else {
       char t[32];
       fmt_time(e[i].last_used, t, sizeof t);
       printf("%-32s %-10s %-8s %9llu %-19s %s%s\n", e[i].key, e[i].kernel, e[i].arch,
-             (unsigned long long)e[i].bytes, t, e[i].summary, e[i].ok ? "" : " [BAD]");
+             (unsigned long long)e[i].bytes, t, e[i].summary,
+             e[i].ok == 1   ? ""
+             : e[i].ok == 0 ? " [BAD]"
+                            : " [UNREADABLE]");
     }
   }
   if (json) printf("]\n");
@@ -104,13 +109,14 @@ static int do_verify(const char *dir, int fix, int json) {
 
 static int do_prune(const char *dir, const char *max_size, int json) {
   uint64_t max = 0;
-  const char *text = max_size ? max_size : getenv("MOEJIT_CACHE_MAXSIZE");
+  const char *env = getenv("MOEJIT_CACHE_MAXSIZE");
+  const char *text = max_size ? max_size : env && *env ? env : NULL; /* empty: unset */
   if (!text) {
     fprintf(stderr, "moejit: cache prune needs --max-size SIZE (or $MOEJIT_CACHE_MAXSIZE)\n");
     return CLI_EXIT_USAGE;
   }
   moejit_status st = moejit_parse_size(text, &max);
-  if (st) return cli_fail(st, "--max-size");
+  if (st) return cli_fail(st, max_size ? "--max-size" : "$MOEJIT_CACHE_MAXSIZE");
   size_t removed = 0;
   uint64_t bytes = 0;
   st = moejit_cache_prune(dir, max, &removed, &bytes);

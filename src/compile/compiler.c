@@ -245,8 +245,10 @@ static moejit_status cache_dir_for(const moejit_compiler *c, const moejit_spec *
   if (c->cache_dir) return mj_snprintf(buf, cap, "%s", c->cache_dir);
   if (env_set("MOEJIT_CACHE_DIR", &v)) return mj_snprintf(buf, cap, "%s", v);
   if (spec && spec->cache_dir[0]) return mj_snprintf(buf, cap, "%s", spec->cache_dir);
-  if (env_set("XDG_CACHE_HOME", &v)) return mj_snprintf(buf, cap, "%s/moejit", v);
-  if (env_set("HOME", &v)) return mj_snprintf(buf, cap, "%s/.cache/moejit", v);
+  /* The rest as `moejit cache` and the maintenance calls resolve it
+   * (XDG_CACHE_HOME only if absolute, as the XDG spec asks). */
+  moejit_status s = mj_cache_default_dir(buf, cap);
+  if (s != MOEJIT_ERR_CACHE) return s;
   return mj_fail(MOEJIT_ERR_CACHE,
                  "no cache directory: none of MOEJIT_CACHE_DIR, XDG_CACHE_HOME, HOME is set; "
                  "HINT: set MOEJIT_CACHE_DIR, pass a cache dir, or set MOEJIT_CACHE_DISABLE=1");
@@ -292,9 +294,24 @@ static mj_cache *cache_slot_get(moejit_compiler *c, const char *dir, uint64_t ma
 static moejit_status cache_resolve(moejit_compiler *c, const moejit_spec *spec, cache_choice *out) {
   memset(out, 0, sizeof *out);
   if (cache_disabled(c)) return MOEJIT_OK;
-  moejit_status s = cache_dir_for(c, spec, out->dir, sizeof out->dir);
-  if (!s) s = cache_max_for(c, spec, &out->max_bytes);
+  moejit_status s = cache_max_for(c, spec, &out->max_bytes);
   if (s) return s;
+  /* Like a cache that cannot be opened, a directory that cannot be named
+   * is a warning: the kernels stay in memory. */
+  s = cache_dir_for(c, spec, out->dir, sizeof out->dir);
+  if (s == MOEJIT_ERR_INVALID_ARGUMENT)
+    snprintf(out->warning, sizeof out->warning,
+             "cache unusable, kernels kept in memory only: the cache directory's path is "
+             "longer than the %d bytes this build supports; HINT: set MOEJIT_CACHE_DIR to a "
+             "shorter path",
+             MOEJIT_PATH_MAX - 1);
+  else if (s)
+    snprintf(out->warning, sizeof out->warning, "cache unusable, kernels kept in memory only: %s",
+             moejit_last_error());
+  if (s) {
+    out->dir[0] = '\0';
+    return MOEJIT_OK;
+  }
   out->cache = cache_slot_get(c, out->dir, out->max_bytes, out->warning, sizeof out->warning);
   return MOEJIT_OK;
 }

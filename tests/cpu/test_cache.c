@@ -873,3 +873,331 @@ Test(cache, parse_size_rejects_garbage) {
   uint64_t b;
   cr_assert_eq(moejit_parse_size(NULL, &b), MOEJIT_ERR_INVALID_ARGUMENT);
 }
+
+/* ---- odd objects, other users, limits (2026-11-27 review) ---------------------- */
+
+/* Runs fn in a child, as user `nobody` when the tests run as root (CI does):
+ * permissions only bind an unprivileged user. Returns the child's exit code. */
+static int as_other_user(int (*fn)(void *), void *arg) {
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(90);
+    _exit(fn(arg));
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status), "child killed by signal %d", WTERMSIG(status));
+  return WEXITSTATUS(status);
+}
+
+Test(cache, fifo_with_an_entry_name_misses_without_blocking) {
+  alarm(20); /* an open that blocks on the FIFO fails the test instead of hanging it */
+  mj_cache *c = open_cache(0);
+  char key[33], path[2048];
+  random_key(key);
+  unsigned char *p = random_bytes(400);
+  store_ok(c, key, p, 400);
+  entry_path(key, path, sizeof path);
+  cr_assert_eq(unlink(path), 0);
+  cr_assert_eq(mkfifo(path, 0644), 0, "mkfifo: %s", strerror(errno));
+  size_t ok = 9, bad = 9;
+  cr_assert_eq(moejit_cache_verify(dir, 0, &ok, &bad), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(ok, 0);
+  cr_assert_eq(bad, 1, "verify does not see the FIFO");
+  moejit_cache_entry_info *e = NULL;
+  size_t n = 0;
+  cr_assert_eq(moejit_cache_list(dir, &e, &n), MOEJIT_OK);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(e[0].ok, 0);
+  moejit_free(e);
+  expect_miss(c, key, 1); /* and the load removed it */
+  cr_assert(!exists(path));
+  store_ok(c, key, p, 400);
+  expect_hit(c, key, p, 400);
+  /* verify --fix removes one too */
+  cr_assert_eq(unlink(path), 0);
+  cr_assert_eq(mkfifo(path, 0644), 0);
+  cr_assert_eq(moejit_cache_verify(dir, 1, &ok, &bad), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(bad, 1);
+  cr_assert(!exists(path), "verify --fix left the FIFO");
+  free(p);
+  mj_cache_close(c);
+}
+
+Test(cache, directory_with_an_entry_name_is_repaired) {
+  mj_cache *c = open_cache(0);
+  char key[33], path[2048];
+  random_key(key);
+  unsigned char *p = random_bytes(400);
+  store_ok(c, key, p, 400);
+  entry_path(key, path, sizeof path);
+  cr_assert_eq(unlink(path), 0);
+  cr_assert_eq(mkdir(path, 0755), 0);
+  size_t ok = 9, bad = 9, removed = 0;
+  cr_assert_eq(moejit_cache_verify(dir, 0, &ok, &bad), MOEJIT_OK);
+  cr_assert_eq(bad, 1, "verify does not see the directory");
+  moejit_cache_stats s;
+  cr_assert_eq(moejit_cache_stats_get(dir, &s), MOEJIT_OK);
+  cr_assert_eq(s.entries, 1);
+  cr_assert_eq(s.bytes, 0);
+  cr_assert_eq(moejit_cache_verify(dir, 1, &ok, &bad), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert(!exists(path), "verify --fix left the empty directory");
+  /* A load removes an empty one as well; the store after it lands. */
+  cr_assert_eq(mkdir(path, 0755), 0);
+  expect_miss(c, key, 1);
+  store_ok(c, key, p, 400);
+  expect_hit(c, key, p, 400);
+  /* clear removes an empty one, and reports a non-empty one */
+  cr_assert_eq(unlink(path), 0);
+  cr_assert_eq(mkdir(path, 0755), 0);
+  cr_assert_eq(moejit_cache_clear(dir, &removed), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(removed, 1);
+  cr_assert(!exists(path));
+  free(p);
+  mj_cache_close(c);
+}
+
+typedef struct unreadable_case {
+  const char *dir, *path;
+} unreadable_case;
+
+/* Exit codes: 0 all as expected, else the step that failed. */
+static int verify_unreadable_child(void *arg) {
+  const unreadable_case *u = arg;
+  size_t ok = 9, bad = 9;
+  moejit_status st = moejit_cache_verify(u->dir, 1, &ok, &bad);
+  if (st != MOEJIT_ERR_IO) return 10;
+  if (!strstr(moejit_last_error(), "may be good")) return 11;
+  if (ok != 0 || bad != 0) return 12;
+  if (access(u->path, F_OK) != 0) return 13; /* deleted */
+  moejit_cache_entry_info *e = NULL;
+  size_t n = 0;
+  if (moejit_cache_list(u->dir, &e, &n) != MOEJIT_OK || n != 1) return 14;
+  int ok_field = e[0].ok;
+  moejit_free(e);
+  return ok_field == -1 ? 0 : 15;
+}
+
+Test(cache, verify_keeps_entries_it_cannot_read) {
+  mj_cache *c = open_cache(0);
+  char key[33], path[2048];
+  random_key(key);
+  unsigned char *p = random_bytes(400);
+  store_ok(c, key, p, 400);
+  mj_cache_close(c);
+  entry_path(key, path, sizeof path);
+  cr_assert_eq(chmod(dir, 0755), 0);
+  cr_assert_eq(chmod(path, geteuid() == 0 ? 0600 : 0000), 0); /* another user's, or none's */
+  unreadable_case u = {dir, path};
+  int rc = as_other_user(verify_unreadable_child, &u);
+  chmod(path, 0644);
+  cr_assert_eq(rc, 0,
+               "step %d failed (10: status, 11: hint, 12: counts, 13: deleted, 14: "
+               "list, 15: list's ok)",
+               rc);
+  cr_assert(exists(path));
+  free(p);
+}
+
+typedef struct sticky_case {
+  const char *dir;
+  const unsigned char *data;
+  char key[33], path[2048];
+  uint64_t limit;
+} sticky_case;
+
+static int store_in_sticky_child(void *arg) {
+  sticky_case *s = arg;
+  mj_cache *c = NULL;
+  if (mj_cache_open(s->dir, s->limit, &c) != MOEJIT_OK) return 10;
+  mj_cache_meta m = test_meta("gemm1");
+  if (mj_cache_store(c, s->key, &m, s->data, 1000) != MOEJIT_OK) return 11;
+  int kept = access(s->path, F_OK) == 0;
+  mj_cache_close(c);
+  return kept ? 0 : 12;
+}
+
+Test(cache, store_in_a_shared_cache_keeps_its_own_entry) {
+  if (geteuid() != 0) {
+    teardown();
+    dir = NULL;
+    cr_skip_test("needs root: the other user's entries are made by root, the store by nobody");
+  }
+  /* A shared sticky cache (1777) over its limit with root's entries, which
+   * nobody may delete: eviction must not fall back on the fresh entry. */
+  mj_cache *c = open_cache(0);
+  unsigned char *p = random_bytes(1000);
+  sticky_case s = {.dir = dir, .data = p};
+  char keys[4][33], paths[4][2048];
+  for (int i = 0; i < 4; i++) {
+    random_key(keys[i]);
+    store_ok(c, keys[i], p, 1000);
+    entry_path(keys[i], paths[i], sizeof paths[i]);
+    set_mtime(paths[i], 1000000 + i);
+  }
+  mj_cache_close(c);
+  random_key(s.key);
+  entry_path(s.key, s.path, sizeof s.path);
+  s.limit = 2500; /* two entries' room */
+  for (int d = 0; d < 256; d++) {
+    char sub[1100];
+    snprintf(sub, sizeof sub, "%s/%02x", dir, d);
+    mkdir(sub, 0755);
+    cr_assert_eq(chmod(sub, 01777), 0);
+  }
+  cr_assert_eq(chmod(dir, 01777), 0);
+  int rc = as_other_user(store_in_sticky_child, &s);
+  cr_assert_eq(rc, 0, "step %d failed (10: open, 11: store, 12: own entry evicted)", rc);
+  for (int i = 0; i < 4; i++) cr_assert(exists(paths[i]), "nobody deleted root's entry");
+  chmod(dir, 0755);
+  free(p);
+}
+
+Test(cache, entry_larger_than_the_limit_is_not_stored_and_evicts_nothing) {
+  mj_cache *c = open_cache(0);
+  unsigned char *p = random_bytes(100 * 1024);
+  char keys[10][33], big[33];
+  for (int i = 0; i < 10; i++) {
+    random_key(keys[i]);
+    store_ok(c, keys[i], p, 4000);
+  }
+  mj_cache_close(c);
+  c = open_cache(64 * 1024);
+  random_key(big);
+  mj_cache_meta m = test_meta("gemm1");
+  cr_assert_eq(mj_cache_store(c, big, &m, p, 100 * 1024), MOEJIT_ERR_CACHE);
+  cr_assert(strstr(moejit_last_error(), "larger than the cache's size limit"), "%s",
+            moejit_last_error());
+  cr_assert(strstr(moejit_last_error(), "MOEJIT_CACHE_MAXSIZE"), "%s", moejit_last_error());
+  cr_assert_eq(counters(c).store_failures, 1);
+  cr_assert_eq(counters(c).evictions, 0);
+  for (int i = 0; i < 10; i++) expect_hit(c, keys[i], p, 4000);
+  mj_cache_close(c);
+  /* An oversized entry already there (stored under a larger limit) is
+   * evicted first, however recently used: the others fit. */
+  c = open_cache(0);
+  store_ok(c, big, p, 100 * 1024);
+  mj_cache_close(c);
+  c = open_cache(64 * 1024);
+  char small[33];
+  random_key(small);
+  store_ok(c, small, p, 4000);
+  cr_assert_eq(counters(c).evictions, 1);
+  expect_miss(c, big, 0);
+  for (int i = 0; i < 10; i++) expect_hit(c, keys[i], p, 4000);
+  expect_hit(c, small, p, 4000);
+  free(p);
+  mj_cache_close(c);
+}
+
+Test(cache, list_skips_entries_evicted_while_listing) {
+  /* A child keeps storing under a tight limit (each store evicts) while the
+   * parent lists: a vanished entry is not listed, never shown as bad. */
+  char keys[8][33];
+  for (int i = 0; i < 8; i++) random_key(keys[i]);
+  unsigned char *p = random_bytes(4000);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    mj_cache *c = NULL;
+    if (mj_cache_open(dir, 20 * 1024, &c) != MOEJIT_OK) _exit(1);
+    mj_cache_meta m = test_meta("gemm1");
+    for (int round = 0; round < 400; round++)
+      for (int i = 0; i < 8; i++) mj_cache_store(c, keys[i], &m, p, 4000);
+    _exit(0);
+  }
+  int shown_bad = 0, lists = 0, status;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    moejit_cache_entry_info *e = NULL;
+    size_t n = 0;
+    cr_assert_eq(moejit_cache_list(dir, &e, &n), MOEJIT_OK, "%s", moejit_last_error());
+    for (size_t i = 0; i < n; i++) shown_bad += e[i].ok != 1;
+    moejit_free(e);
+    lists++;
+  }
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  cr_assert_eq(shown_bad, 0, "%d entries listed as not ok in %d lists", shown_bad, lists);
+  free(p);
+}
+
+Test(cache, far_future_last_use_does_not_overflow) {
+  mj_cache *c = open_cache(0);
+  char old_key[33], future_key[33], old_path[2048], future_path[2048];
+  unsigned char *p = random_bytes(1000);
+  random_key(old_key);
+  random_key(future_key);
+  store_ok(c, old_key, p, 1000);
+  store_ok(c, future_key, p, 1000);
+  entry_path(old_key, old_path, sizeof old_path);
+  entry_path(future_key, future_path, sizeof future_path);
+  set_mtime(old_path, 1000000);
+  struct timespec t[2] = {{(time_t)15032385535LL, 0}, {(time_t)15032385535LL, 0}}; /* 2446 */
+  if (utimensat(AT_FDCWD, future_path, t, 0) != 0) {
+    mj_cache_close(c);
+    free(p);
+    cr_skip_test("this file system does not take dates past 2262 (%s)", strerror(errno));
+  }
+  moejit_cache_stats s;
+  cr_assert_eq(moejit_cache_stats_get(dir, &s), MOEJIT_OK);
+  cr_assert_eq(s.oldest_used, 1000000);
+  cr_assert_gt(s.newest_used, (int64_t)9000000000LL, "newest use %lld", (long long)s.newest_used);
+  mj_cache_close(c);
+  struct stat sb;
+  cr_assert_eq(stat(old_path, &sb), 0);
+  c = open_cache(2 * (uint64_t)sb.st_size + 100); /* room for two */
+  char third[33];
+  random_key(third);
+  store_ok(c, third, p, 1000);
+  cr_assert(!exists(old_path), "the least recently used entry survived");
+  cr_assert(exists(future_path), "the entry dated 2446 was taken for the oldest");
+  free(p);
+  mj_cache_close(c);
+}
+
+Test(cache, truncated_cachedir_tag_is_repaired) {
+  char tag[1100];
+  snprintf(tag, sizeof tag, "%s/CACHEDIR.TAG", dir);
+  write_bytes(tag, "Signature: 8a477f597", 20); /* a disk that filled mid-write */
+  mj_cache *c = open_cache(0);
+  mj_cache_close(c);
+  size_t len;
+  char *text = (char *)read_bytes(tag, &len);
+  cr_assert_gt(len, 44);
+  cr_assert(!strncmp(text, "Signature: 8a477f597d28d172789f06886806bc55\n", 44), "%.*s", (int)len,
+            text);
+  free(text);
+  cr_assert_eq(ts_count_files(dir, "CACHEDIR.TAG.tmp"), 0, "temp file of the tag left behind");
+  /* A whole tag is left as it is (its own text after the signature line). */
+  const char *own = "Signature: 8a477f597d28d172789f06886806bc55\n# kept\n";
+  write_bytes(tag, own, strlen(own));
+  c = open_cache(0);
+  mj_cache_close(c);
+  text = (char *)read_bytes(tag, &len);
+  cr_assert_eq(len, strlen(own));
+  free(text);
+}
+
+Test(cache, temp_names_must_match_exactly) {
+  mj_cache *c = open_cache(0);
+  char key[33], path[2048];
+  random_key(key);
+  unsigned char *p = random_bytes(100);
+  store_ok(c, key, p, 100);
+  mj_cache_close(c);
+  entry_path(key, path, sizeof path);
+  const char *odd[] = {".tmp.+12.ab", ".tmp. 12.ab", ".tmp.012.ab", ".tmp.-3.ab", ".tmp.12.AB"};
+  for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
+    char name[2100];
+    snprintf(name, sizeof name, "%s%s", path, odd[i]);
+    write_bytes(name, "not ours", 8);
+  }
+  moejit_cache_stats s;
+  cr_assert_eq(moejit_cache_stats_get(dir, &s), MOEJIT_OK);
+  cr_assert_eq(s.temp_files, 0, "a foreign name counted as a temp file");
+  size_t n = 0;
+  cr_assert_eq(moejit_cache_clear(dir, &n), MOEJIT_OK);
+  cr_assert_eq(n, 1, "clear removed foreign files");
+  cr_assert_eq(ts_count_files(dir, ".mjc.tmp."), 5);
+  free(p);
+}

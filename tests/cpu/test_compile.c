@@ -436,6 +436,12 @@ Test(compile, cache_dir_precedence) {
   moejit_compiler *c = new_compiler(NULL, GOOD, NULL, 0);
   cr_assert_eq(moejit_compiler_cache_dir(c, NULL, dir, sizeof dir), MOEJIT_OK);
   cr_assert_str_eq(dir, "/tmp/home-of-test/.cache/moejit");
+  setenv("XDG_CACHE_HOME", "relative-xdg", 1); /* ignored, as `moejit cache` ignores it */
+  moejit_compiler_cache_dir(c, NULL, dir, sizeof dir);
+  cr_assert_str_eq(dir, "/tmp/home-of-test/.cache/moejit");
+  char maint[MOEJIT_PATH_MAX];
+  cr_assert_eq(moejit_cache_resolve_dir(NULL, maint, sizeof maint), MOEJIT_OK);
+  cr_assert_str_eq(maint, dir, "the compiler and the maintenance calls disagree");
   setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
   moejit_compiler_cache_dir(c, NULL, dir, sizeof dir);
   cr_assert_str_eq(dir, "/tmp/xdg/moejit");
@@ -619,6 +625,25 @@ Test(compile, unusable_cache_dir_is_a_warning) {
   moejit_compiler_destroy(c);
   free(cache);
   free(file);
+}
+
+Test(compile, overlong_cache_dir_is_a_warning) {
+  moejit_spec s = random_spec("overlong_cache");
+  char longdir[MOEJIT_PATH_MAX + 200];
+  int n = snprintf(longdir, sizeof longdir, "%s/", tmp);
+  while (n < MOEJIT_PATH_MAX + 100) n += snprintf(longdir + n, sizeof longdir - n, "d123456789/");
+  moejit_compiler *c = new_compiler(longdir, GOOD, NULL, 0);
+  moejit_kernel_report r[N_FAMILIES];
+  size_t nr;
+  cr_assert_eq(moejit_compile(c, &s, "sm_90a", r, N_FAMILIES, &nr), MOEJIT_OK, "%s",
+               moejit_last_error());
+  check_reports(r, nr, 0);
+  cr_assert(strstr(r[0].message, "cache unusable") && strstr(r[0].message, "longer than"), "'%s'",
+            r[0].message);
+  moejit_compiler_destroy(c);
+  moejit_cache_stats st;
+  cr_assert_eq(moejit_cache_stats_get(longdir, &st), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "shorter path"), "%s", moejit_last_error());
 }
 
 Test(compile, failures_are_reported_per_kernel) {
