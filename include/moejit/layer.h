@@ -100,8 +100,9 @@ MOEJIT_API moejit_status moejit_model_load_spec(moejit_ctx *ctx, const moejit_sp
                                                 const moejit_load_opts *opts, moejit_model **out);
 
 /* moejit_model_load_spec from a YAML config path or an embedded preset
- * name: an existing file wins, else a preset of that name; NULL is the
- * default preset (moejit_default_preset). Errors: CONFIG or IO as
+ * name: an existing file wins, else a preset of that name; "preset:NAME"
+ * is always the preset (as the load report's origin writes it), never a
+ * file; NULL is the default preset (moejit_default_preset). Errors: CONFIG or IO as
  * moejit_spec_load_file, NOT_FOUND for a name that is neither a file nor a
  * preset (the message lists the presets). */
 MOEJIT_API moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_preset,

@@ -11,8 +11,8 @@
 enum { CLI_EXIT_OK = 0, CLI_EXIT_FAILURE = 1, CLI_EXIT_USAGE = 2 };
 
 /* Walks argv: returns 1 and sets *value when argv[*i] is `--name VALUE` or
- * `--name=VALUE` (advancing *i past the value). A missing value prints a
- * usage error and sets *bad. */
+ * `--name=VALUE` (advancing *i past the value). A missing or empty value
+ * prints a usage error and sets *bad. */
 int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value, int *bad);
 /* 1 when argv[*i] is the flag `--name`. */
 int cli_flag(char **argv, int i, const char *name);
@@ -31,6 +31,12 @@ int cli_load_spec(const char *arg, const char *preset, moejit_spec *spec);
 /* Prints a library failure: "moejit: <status>: <message>", returns the
  * exit code for it (2 for config/usage-type errors, 1 otherwise). */
 int cli_fail(moejit_status st, const char *what);
+/* That exit code alone (0 for MOEJIT_OK). */
+int cli_exit_code(moejit_status st);
+/* --arch ARCH (not auto) checked against the spec as its config's
+ * target.arch would be: the allowed archs and the rules that depend on the
+ * arch (clusters need sm_90). Prints the reason; 0 or CLI_EXIT_USAGE. */
+int cli_check_arch(const moejit_spec *spec, const char *arch);
 
 /* JSON string with escapes. */
 void cli_json_str(FILE *f, const char *s);

@@ -15,15 +15,21 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
   if (strncmp(a, name, n) != 0) return 0;
   if (a[n] == '=') {
     *value = a + n + 1;
-    return 1;
-  }
-  if (a[n] != '\0') return 0;
-  if (*i + 1 >= argc) {
+  } else if (a[n] != '\0') {
+    return 0;
+  } else if (*i + 1 >= argc) {
     fprintf(stderr, "moejit: option %s needs a value\n", name);
     *bad = 1;
     return 1;
+  } else {
+    *value = argv[++*i];
   }
-  *value = argv[++*i];
+  /* An empty value is never meant: `--cache-dir "$UNSET"` must not fall
+   * back on the default cache (and `cache clear` then empty it). */
+  if (!**value) {
+    fprintf(stderr, "moejit: option %s needs a non-empty value\n", name);
+    *bad = 1;
+  }
   return 1;
 }
 
@@ -52,13 +58,31 @@ int cli_positional(const char *arg, const char **config, const char *cmd) {
   return 0;
 }
 
-int cli_fail(moejit_status st, const char *what) {
-  const char *msg = moejit_last_error();
-  fprintf(stderr, "moejit: %s: %s%s%s\n", what, moejit_status_str(st), *msg ? ": " : "", msg);
+int cli_exit_code(moejit_status st) {
+  if (st == MOEJIT_OK) return CLI_EXIT_OK;
   return (st == MOEJIT_ERR_CONFIG || st == MOEJIT_ERR_INVALID_ARGUMENT ||
           st == MOEJIT_ERR_NOT_FOUND)
              ? CLI_EXIT_USAGE
              : CLI_EXIT_FAILURE;
+}
+
+int cli_fail(moejit_status st, const char *what) {
+  const char *msg = moejit_last_error();
+  fprintf(stderr, "moejit: %s: %s%s%s\n", what, moejit_status_str(st), *msg ? ": " : "", msg);
+  return cli_exit_code(st);
+}
+
+int cli_check_arch(const moejit_spec *spec, const char *arch) {
+  if (!arch || !strcmp(arch, "auto")) return 0;
+  moejit_spec s = *spec;
+  s.n_archs = 1;
+  snprintf(s.archs[0], sizeof s.archs[0], "%s", arch);
+  if (strlen(arch) >= sizeof s.archs[0] || moejit_spec_validate(&s) != MOEJIT_OK) {
+    const char *msg = strlen(arch) >= sizeof s.archs[0] ? "too long" : moejit_last_error();
+    fprintf(stderr, "moejit: --arch %s: %s\n", arch, msg);
+    return CLI_EXIT_USAGE;
+  }
+  return 0;
 }
 
 static int is_preset(const char *name) {

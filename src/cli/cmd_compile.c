@@ -150,7 +150,8 @@ int cli_compile(int argc, char **argv) {
   }
   if (rc) return rc;
   moejit_spec spec;
-  if ((rc = cli_load_spec(a.config, a.preset, &spec))) return rc;
+  if ((rc = cli_load_spec(a.config, a.preset, &spec)) || (rc = cli_check_arch(&spec, a.arch)))
+    return rc;
 
   moejit_compiler_opts opts;
   moejit_compiler_opts_init(&opts);
@@ -222,7 +223,8 @@ int cli_gen(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   moejit_spec spec;
-  if ((rc = cli_load_spec(a.config, a.preset, &spec))) return rc;
+  if ((rc = cli_load_spec(a.config, a.preset, &spec)) || (rc = cli_check_arch(&spec, a.arch)))
+    return rc;
   moejit_compiler *comp = NULL;
   moejit_status st = moejit_compiler_create(&comp, NULL);
   if (st) return cli_fail(st, "cannot create compiler");

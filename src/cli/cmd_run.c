@@ -90,11 +90,13 @@ static int parse_ceilings(const char *text, run_args *a) {
   char *end = NULL, *end2 = NULL;
   const double f = strtod(text, &end);
   const double b = end != text && *end == ',' ? strtod(end + 1, &end2) : NAN;
-  if (!(f > 0 && f <= 1e5) || !(b > 0 && b <= 1e3) || end2 == end + 1 || (end2 && *end2)) {
+  /* At least 0.001 each: a floor divided by a denormal would print inf. */
+  if (!(f >= 1e-3 && f <= 1e5) || !(b >= 1e-3 && b <= 1e3) || end2 == end + 1 || (end2 && *end2) ||
+      strpbrk(text, "xX")) {
     fprintf(stderr,
             "moejit: --ceilings: '%s' is not TFLOPS,TBPS (e.g. 750,3.0: the dense GEMM rate "
-            "in TFLOP/s, up to 100000, and the read rate in TB/s, up to 1000, that this GPU "
-            "reaches)\n",
+            "in TFLOP/s, 0.001 to 100000, and the read rate in TB/s, 0.001 to 1000, that this "
+            "GPU reaches)\n",
             text);
     return 0;
   }
@@ -195,19 +197,41 @@ static const char *target_arch(const moejit_spec *s) {
   return NULL;                                         /* the config's archs */
 }
 
+/* What --tuned-table's prebuild did (without a GPU). */
+typedef struct table_check {
+  const char *path; /* NULL: no --tuned-table */
+  moejit_status st;
+  char error[1024];
+  moejit_load_report report;
+} table_check;
+
 static void print_no_gpu_json(const moejit_spec *s, const char *why, const char *dir,
-                              const moejit_kernel_report *r, size_t n, double ms,
-                              moejit_status st) {
-  int hits = 0;
-  for (size_t i = 0; i < n; i++) hits += r[i].status == MOEJIT_OK && r[i].cache_hit;
+                              const moejit_kernel_report *r, size_t n, double ms, moejit_status st,
+                              const table_check *t) {
+  int hits = 0, failed = 0;
+  for (size_t i = 0; i < n; i++) {
+    hits += r[i].status == MOEJIT_OK && r[i].cache_hit;
+    failed += r[i].status != MOEJIT_OK;
+  }
   printf("{\"config\":");
   cli_json_str(stdout, s->name);
   printf(",\"gpu\":false,\"ran\":false,\"reason\":");
   cli_json_str(stdout, why);
   printf(",\"cache_dir\":");
   cli_json_str(stdout, dir);
-  printf(",\"ms\":%.3f,\"cache_hits\":%d,\"compiled\":%d,\"ok\":%s,\"kernels\":[", ms, hits,
-         (int)n - hits, st == MOEJIT_OK ? "true" : "false");
+  printf(",\"ms\":%.3f,\"cache_hits\":%d,\"compiled\":%d,\"failed\":%d,\"ok\":%s", ms, hits,
+         (int)n - hits - failed, failed, st == MOEJIT_OK && t->st == MOEJIT_OK ? "true" : "false");
+  if (t->path) {
+    printf(",\"tuned_table\":{\"path\":");
+    cli_json_str(stdout, t->path);
+    printf(",\"ok\":%s", t->st == MOEJIT_OK ? "true" : "false");
+    if (t->st) {
+      printf(",\"error\":");
+      cli_json_str(stdout, t->error);
+    }
+    printf("}");
+  }
+  printf(",\"kernels\":[");
   for (size_t i = 0; i < n; i++) {
     printf("%s{\"kernel\":", i ? "," : "");
     cli_json_str(stdout, r[i].kernel);
@@ -223,7 +247,8 @@ static void print_no_gpu_json(const moejit_spec *s, const char *why, const char 
 }
 
 static void print_no_gpu_text(const moejit_spec *s, const char *why, const char *dir,
-                              const moejit_kernel_report *r, size_t n, double ms) {
+                              const moejit_kernel_report *r, size_t n, double ms,
+                              const table_check *t) {
   int hits = 0, failed = 0;
   printf("moejit run: no GPU, so nothing ran: %s\n", why);
   printf("Compiled every kernel of %s for the target arch instead (as moejit compile does):\n",
@@ -242,23 +267,24 @@ static void print_no_gpu_text(const moejit_spec *s, const char *why, const char 
          (int)n - hits - failed, failed, ms, *dir ? dir : "(disabled)");
   printf("(these are the families' full modules; `moejit compile --device NAME` builds what a "
          "model load on that GPU builds)\n");
+  const moejit_load_report *lr = &t->report;
+  for (int i = 0; t->path && t->st == MOEJIT_OK && i < lr->n_kernels; i++)
+    if (!strcmp(lr->kernels[i].config_source, "tuned"))
+      printf("tuned table %s: %s %s, %d variant kernel%s built\n", t->path, lr->kernels[i].kernel,
+             lr->kernels[i].config, lr->kernels[i].variants,
+             lr->kernels[i].variants == 1 ? "" : "s");
 }
 
 /* --tuned-table without a GPU: builds what a load with that table builds
  * (its variants), so a table that does not parse fails here too. */
-static int prebuild_table(const run_args *a, const moejit_spec *s, moejit_compiler *comp) {
+static void prebuild_table(const run_args *a, const moejit_spec *s, moejit_compiler *comp,
+                           table_check *t) {
   moejit_load_opts o;
   moejit_load_opts_init(&o);
-  moejit_load_report lr;
-  o.tuned_table = a->tuned_table, o.report = &lr;
-  moejit_status st = moejit_model_prebuild(comp, s, target_arch(s), NULL, &o);
-  if (st) return cli_fail(st, "--tuned-table");
-  for (int i = 0; !a->json && i < lr.n_kernels; i++)
-    if (!strcmp(lr.kernels[i].config_source, "tuned"))
-      printf("tuned table %s: %s %s, %d variant kernel%s built\n", a->tuned_table,
-             lr.kernels[i].kernel, lr.kernels[i].config, lr.kernels[i].variants,
-             lr.kernels[i].variants == 1 ? "" : "s");
-  return CLI_EXIT_OK;
+  t->path = a->tuned_table;
+  o.tuned_table = a->tuned_table, o.report = &t->report;
+  t->st = moejit_model_prebuild(comp, s, target_arch(s), NULL, &o);
+  if (t->st) snprintf(t->error, sizeof t->error, "%s", moejit_last_error());
 }
 
 static int run_without_gpu(const run_args *a, const moejit_spec *s, const char *why) {
@@ -276,19 +302,29 @@ static int run_without_gpu(const run_args *a, const moejit_spec *s, const char *
   st = moejit_compile(comp, s, target_arch(s), reports, MAX_REPORTS, &n);
   double ms = run_now_ms() - t0;
   if (n > MAX_REPORTS) n = MAX_REPORTS;
+  if (st && n == 0) { /* nothing to show: no table, just why */
+    int rc = cli_fail(st, "compile failed");
+    moejit_compiler_destroy(comp);
+    return rc;
+  }
+  table_check t = {0};
+  if (!st && a->tuned_table) prebuild_table(a, s, comp, &t);
   if (a->json)
-    print_no_gpu_json(s, why, dir, reports, n, ms, st);
+    print_no_gpu_json(s, why, dir, reports, n, ms, st, &t);
   else
-    print_no_gpu_text(s, why, dir, reports, n, ms);
-  const int rc = !st && a->tuned_table ? prebuild_table(a, s, comp) : CLI_EXIT_OK;
+    print_no_gpu_text(s, why, dir, reports, n, ms, &t);
   moejit_compiler_destroy(comp);
   if (st) {
     for (size_t i = 0; i < n; i++)
       if (reports[i].status)
         fprintf(stderr, "moejit: %s: %s\n", reports[i].kernel, reports[i].message);
-    return n ? CLI_EXIT_FAILURE : cli_fail(st, "compile failed");
+    return CLI_EXIT_FAILURE;
   }
-  return rc;
+  if (t.st) {
+    fprintf(stderr, "moejit: --tuned-table: %s: %s\n", moejit_status_str(t.st), t.error);
+    return cli_exit_code(t.st);
+  }
+  return CLI_EXIT_OK;
 }
 
 int cli_run(int argc, char **argv) {

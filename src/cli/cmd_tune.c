@@ -529,7 +529,7 @@ int cli_tune(int argc, char **argv) {
   if (checking) rc = tune_check_layer(&check, &s, sweep);
   if (a.json)
     print_json(&s, st, checking ? &check : NULL);
-  else
+  else if (!st || s.enumerated) /* a run that failed before planning has nothing to sum up */
     print_summary(&s, &a, timed ? NULL : why);
   if (checking && !a.json) tune_check_print_text(&check);
   if (a.check_layer && !timed && !a.json) printf("--check-layer: nothing to check without a GPU\n");

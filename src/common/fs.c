@@ -11,7 +11,9 @@
 #include "common/common.h"
 
 moejit_status mj_read_file(const char *path, char **data, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO without a writer must not block the open; it is
+   * refused below as not a regular file. Regular files ignore the flag. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return mj_fail(MOEJIT_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {

@@ -151,7 +151,7 @@ static moejit_status check_scaling(const checker *c) {
   double v = c->m && c->m->has_scaling_wide ? c->m->scaling_wide : c->s->routing.scaling_factor;
   if (!isfinite(v) || v <= 0.0 || v > 1000.0)
     return fail(c, "model.routing.scaling_factor", INVOLVED(MJ_F_SCALING),
-                "%g is out of range (allowed %s)", v, mj_field_allowed(MJ_F_SCALING));
+                "%.17g is out of range (allowed %s)", v, mj_field_allowed(MJ_F_SCALING));
   /* the spec keeps a float: a tiny positive number written in YAML would
    * become 0 there (found by fuzz_config) */
   if ((float)v <= 0.0f)

@@ -41,6 +41,10 @@ static int looks_like_path(const char *s) {
 
 static moejit_status spec_from(const char *what, moejit_spec *spec, char *origin, size_t cap) {
   if (!what) what = moejit_default_preset();
+  if (!strncmp(what, "preset:", 7)) { /* the report's own form: never a file */
+    mj_strlcpy(origin, what, cap);
+    return moejit_spec_load_preset(what + 7, spec);
+  }
   if (is_regular_file(what) || looks_like_path(what)) {
     mj_strlcpy(origin, what, cap);
     return moejit_spec_load_file(what, spec);

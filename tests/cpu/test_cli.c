@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "test_support.h"
 
@@ -210,4 +211,96 @@ Test(cli, gen_prints_specialized_source) {
                "a preset name works as CONFIG");
   cr_assert(strstr(out, "kExperts = 128"));
   free(out);
+}
+
+/* Options never take an empty value: `--cache-dir "$UNSET"` must not fall
+ * back on the default cache (which `cache clear` would then empty). */
+Test(cli, empty_option_values_are_usage_errors) {
+  char *cache = NULL, *env = NULL;
+  cr_assert(asprintf(&cache, "%s/default-cache", tmp) > 0);
+  cr_assert(asprintf(&env, "MOEJIT_CACHE_DIR=%s", cache) > 0);
+  const char *const envs[] = {env, NULL};
+  char *sub = NULL;
+  cr_assert(asprintf(&sub, "%s/ab", cache) > 0);
+  cr_assert_eq(mkdir(cache, 0755), 0);
+  cr_assert_eq(mkdir(sub, 0755), 0);
+  free(ts_write_file(sub, "ab0123456789abcdef0123456789abcd.mjc", "an entry's name\n"));
+  free(sub);
+  int entries = ts_count_files(cache, ".mjc");
+  cr_assert_eq(entries, 1);
+  char *err = NULL;
+  const char *const *cases[] = {
+      (const char *const[]){"cache", "clear", "--cache-dir", "", NULL},
+      (const char *const[]){"cache", "clear", "--cache-dir=", NULL},
+      (const char *const[]){"compile", "--preset", "olmoe-1b-7b", "--device", "", NULL},
+      (const char *const[]){"compile", "--preset", "olmoe-1b-7b", "--emit-dir", "", NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    cr_expect_eq(ts_run_cli(cases[i], envs, NULL, &err), 2, "%s %s", cases[i][0], cases[i][2]);
+    cr_expect(err && strstr(err, "non-empty value"), "%s", err);
+    free(err);
+  }
+  cr_expect_eq(ts_count_files(cache, ".mjc"), entries, "the default cache was touched");
+  free(env);
+  free(cache);
+}
+
+Test(cli, prune_names_the_source_of_a_bad_size) {
+  char *err = NULL;
+  const char *const junk[] = {"MOEJIT_CACHE_MAXSIZE=junk", NULL};
+  cr_assert_eq(ts_run_cli((const char *const[]){"cache", "prune", "--cache-dir", tmp, NULL}, junk,
+                          NULL, &err),
+               2);
+  cr_expect(strstr(err, "$MOEJIT_CACHE_MAXSIZE") && !strstr(err, "--max-size:"), "%s", err);
+  free(err);
+  const char *const empty[] = {"MOEJIT_CACHE_MAXSIZE=", NULL};
+  cr_assert_eq(ts_run_cli((const char *const[]){"cache", "prune", "--cache-dir", tmp, NULL}, empty,
+                          NULL, &err),
+               2, "an empty MOEJIT_CACHE_MAXSIZE is unset, as the compiler reads it");
+  cr_expect(strstr(err, "needs --max-size"), "%s", err);
+  free(err);
+  cr_assert_eq(ts_run_cli((const char *const[]){"cache", "prune", "--cache-dir", tmp, "--max-size",
+                                                "junk", NULL},
+                          NULL, NULL, &err),
+               2);
+  cr_expect(strstr(err, "--max-size"), "%s", err);
+  free(err);
+}
+
+/* --arch is checked as the config's target.arch would be, before NVRTC. */
+Test(cli, arch_option_follows_the_config_rules) {
+  char *err = NULL;
+  const char *const *cases[] = {
+      (const char *const[]){"compile", "--preset", "olmoe-1b-7b", "--arch", "sm_80a", NULL},
+      (const char *const[]){"compile", "--preset", "olmoe-1b-7b", "--arch", "sm_75", NULL},
+      (const char *const[]){"gen", "--preset", "olmoe-1b-7b", "--kernel", "route", "--arch",
+                            "sm_52", NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    cr_expect_eq(ts_run_cli(cases[i], NULL, NULL, &err), 2, "%s", err);
+    cr_expect(err && strstr(err, "--arch") && strstr(err, "not a supported arch"), "%s", err);
+    free(err);
+  }
+  char *cfg = ts_write_file(tmp, "cluster.yaml",
+                            "name: t\n"
+                            "model: {hidden: 1024, expert_width: 512, experts: 16, top_k: 4}\n"
+                            "kernels: {gemm1: {cluster_m: 2}}\n");
+  cr_expect_eq(
+      ts_run_cli((const char *const[]){"compile", cfg, "--arch", "sm_80", NULL}, NULL, NULL, &err),
+      2);
+  cr_expect(err && strstr(err, "cluster") && strstr(err, "sm_90"), "%s", err);
+  free(err);
+  free(cfg);
+}
+
+Test(cli, fifo_as_config_is_refused_without_blocking) {
+  char *fifo = NULL, *err = NULL;
+  cr_assert(asprintf(&fifo, "%s/config.fifo", tmp) > 0);
+  cr_assert_eq(mkfifo(fifo, 0644), 0);
+  int rc =
+      ts_run_cli((const char *const[]){"gen", fifo, "--kernel", "route", NULL}, NULL, NULL, &err);
+  cr_expect_eq(rc, 1, "%s", err);
+  cr_expect(err && strstr(err, "not a regular file"), "%s", err);
+  free(err);
+  free(fifo);
 }

@@ -93,6 +93,9 @@ Test(cli_run, usage_errors_exit_2) {
   const char *zero_ceiling[] = {"run", "--ceilings", "0,3", NULL};
   const char *bad_ceiling[] = {"run", "--ceilings", "750,3x", NULL};
   const char *huge_ceiling[] = {"run", "--ceilings", "750,inf", NULL};
+  const char *tiny_ceiling[] = {"run", "--ceilings", "1e-310,3", NULL};
+  const char *hex_ceiling[] = {"run", "--ceilings", "0x10,3", NULL};
+  const char *empty_dir[] = {"run", "--cache-dir", "", NULL};
   const char *bad_flush[] = {"run", "--flush", "cold", NULL};
   const char *flush_ep[] = {"run", "--flush", "plain", "--ep", "2", NULL};
   const char *vs_ep[] = {"run", "--vs-heuristic", "--ep", "2", NULL};
@@ -100,13 +103,16 @@ Test(cli_run, usage_errors_exit_2) {
   const char *table_none[] = {"run", "--tuned-table", NULL};
   const char *const *cases[] = {bad_tokens,  zero_tokens,  bad_iters,   unknown,      two_configs,
                                 one_ceiling, zero_ceiling, bad_ceiling, huge_ceiling, bad_flush,
-                                flush_ep,    vs_ep,        table_ep,    table_none};
+                                flush_ep,    vs_ep,        table_ep,    table_none,   tiny_ceiling,
+                                hex_ceiling, empty_dir};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);
     cr_expect_eq(rc, 2, "moejit %s %s: exit %d: %s", cases[i][1], cases[i][2] ? cases[i][2] : "",
                  rc, err);
     cr_expect(err && *err, "moejit %s: no message", cases[i][1]);
+    if (strcmp(cases[i][1], "--cache-dir") == 0)
+      cr_expect(err && strstr(err, "--cache-dir") && strstr(err, "non-empty"), "%s", err);
     if (strcmp(cases[i][1], "--ceilings") == 0 || strcmp(cases[i][1], "--flush") == 0 ||
         strcmp(cases[i][1], "--vs-heuristic") == 0)
       cr_expect(
@@ -144,6 +150,16 @@ Test(cli_run, tuned_table_is_checked_without_a_gpu) {
   rc = run_cli(a2, &out, &err);
   cr_expect_eq(rc, 2, "exit %d: %s", rc, err);
   cr_expect(strstr(err, "bad.yaml:7:") && strstr(err, "missing key"), "file:line and why: %s", err);
+  free(out), free(err);
+  /* --json says so too: not ok, and why */
+  const char *a3[] = {"run",           "--preset", "olmoe-1b-7b", "--cache-dir", dir,
+                      "--tuned-table", missing,    "--json",      NULL};
+  rc = run_cli(a3, &out, &err);
+  cr_expect_eq(rc, 1, "exit %d: %s", rc, err);
+  cr_expect(ts_json_valid(out), "not JSON: %s", out);
+  cr_expect(strstr(out, "\"ok\":false") && strstr(out, "\"tuned_table\":{\"path\":") &&
+                strstr(out, "none.yaml"),
+            "%s", out);
   free(out), free(err);
   ts_rmtree(dir);
   free(dir), free(missing), free(bad);
@@ -205,4 +221,25 @@ Test(layer_api_nodriver, flops_formula) {
   memset(&o, 0xab, sizeof o);
   moejit_load_opts_init(&o);
   cr_expect_null(o.report);
+}
+
+/* Kernels that fail to compile are counted as failed, not compiled, in
+ * --json as in the table, and the object says not ok. */
+Test(cli_run, json_counts_failed_kernels) {
+  char *dir = ts_mkdtemp("cli-run-failed");
+  char tpl[1200], env_tpl[1300];
+  snprintf(tpl, sizeof tpl, "%s/tests/data/templates/broken", MOEJIT_TEST_SOURCE_DIR);
+  snprintf(env_tpl, sizeof env_tpl, "MOEJIT_TEMPLATE_DIR=%s", tpl);
+  const char *const env[] = {NO_LIBCUDA, env_tpl, NULL};
+  const char *args[] = {"run", "--preset", "olmoe-1b-7b", "--cache-dir", dir, "--json", NULL};
+  char *out = NULL, *err = NULL;
+  int rc = ts_run_cli(args, env, &out, &err);
+  cr_expect_eq(rc, 1, "exit %d: %s", rc, err);
+  cr_expect(ts_json_valid(out), "not JSON: %s", out);
+  char want[64];
+  snprintf(want, sizeof want, "\"compiled\":0,\"failed\":%d,\"ok\":false", family_count());
+  cr_expect(strstr(out, want) != NULL, "want %s in %s", want, out);
+  free(out), free(err);
+  ts_rmtree(dir);
+  free(dir);
 }

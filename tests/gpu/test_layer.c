@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "layer_gpu.h"
 #include "ops/ops.h"
@@ -812,4 +813,23 @@ Test(layer, config_file_and_unknown_name) {
   cr_expect_eq(moejit_model_load_config(ops_ctx(), "/nonexistent/x.yaml", NULL, &none),
                MOEJIT_ERR_IO);
   cr_expect_null(none);
+  /* A file named like a preset in the working directory wins over the bare
+   * name, never over "preset:NAME" (what `moejit run --preset` passes). */
+  char dir[] = "/tmp/moejit-test-preset-XXXXXX", cwd[4096];
+  cr_assert_not_null(mkdtemp(dir));
+  cr_assert_not_null(getcwd(cwd, sizeof cwd));
+  cr_assert_eq(chdir(dir), 0);
+  FILE *f = fopen("olmoe-1b-7b", "w");
+  cr_assert_not_null(f);
+  fputs("not: [a, config\n", f);
+  fclose(f);
+  cr_expect_eq(moejit_model_load_config(ops_ctx(), "olmoe-1b-7b", NULL, &none), MOEJIT_ERR_CONFIG);
+  cr_expect_null(none);
+  m = load("preset:olmoe-1b-7b", &r);
+  cr_expect_str_eq(r.origin, "preset:olmoe-1b-7b");
+  cr_expect_str_eq(moejit_model_spec(m)->name, "olmoe-1b-7b");
+  moejit_model_destroy(m);
+  unlink("olmoe-1b-7b");
+  cr_assert_eq(chdir(cwd), 0);
+  rmdir(dir);
 }
