@@ -67,7 +67,8 @@ typedef struct moejit_load_opts {
    * (as $MOEJIT_TUNED_DISABLE=1 does for every load). */
   int tuned_disable;
   /* Expert parallelism (moejit/ep.h, docs/ep.md): all zero for one GPU.
-   * With ep.world > 0 (or ep.nccl_comm set) the load joins or adopts the NCCL communicator,
+   * With any field set (ep.world not 0, ep.nccl_comm or ep.nccl_id; a world
+   * outside 1..MOEJIT_EP_MAX_WORLD is refused) the load joins or adopts the NCCL communicator,
    * places the experts, and JIT-builds the layer's kernels for this rank's
    * local experts only (the router for all of them). */
   moejit_ep_opts ep;

@@ -213,6 +213,11 @@ MOEJIT_API void moejit_spec_init(moejit_spec *spec);
  * divide experts, tile shapes within the shared-memory budget, ...).
  * MOEJIT_ERR_CONFIG with a message naming the field and what is allowed. */
 MOEJIT_API moejit_status moejit_spec_validate(const moejit_spec *spec);
+/* moejit_spec_validate as if the spec's target.arch were `arch` alone: an
+ * arch a config may name (not "auto"), and the rules that depend on it
+ * (clusters need sm_90 or newer). CONFIG with the reason; INVALID_ARGUMENT
+ * for NULL or a name too long for spec->archs. */
+MOEJIT_API moejit_status moejit_spec_validate_arch(const moejit_spec *spec, const char *arch);
 
 /* Loads and validates a YAML config. Errors are MOEJIT_ERR_CONFIG (message
  * "FILE:LINE:COL: key 'x': ... (allowed: ...)") or MOEJIT_ERR_IO. On failure

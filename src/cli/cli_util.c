@@ -74,15 +74,9 @@ int cli_fail(moejit_status st, const char *what) {
 
 int cli_check_arch(const moejit_spec *spec, const char *arch) {
   if (!arch || !strcmp(arch, "auto")) return 0;
-  moejit_spec s = *spec;
-  s.n_archs = 1;
-  snprintf(s.archs[0], sizeof s.archs[0], "%s", arch);
-  if (strlen(arch) >= sizeof s.archs[0] || moejit_spec_validate(&s) != MOEJIT_OK) {
-    const char *msg = strlen(arch) >= sizeof s.archs[0] ? "too long" : moejit_last_error();
-    fprintf(stderr, "moejit: --arch %s: %s\n", arch, msg);
-    return CLI_EXIT_USAGE;
-  }
-  return 0;
+  if (moejit_spec_validate_arch(spec, arch) == MOEJIT_OK) return 0;
+  fprintf(stderr, "moejit: --arch %s: %s\n", arch, moejit_last_error());
+  return CLI_EXIT_USAGE;
 }
 
 static int is_preset(const char *name) {

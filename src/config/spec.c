@@ -98,6 +98,18 @@ moejit_status moejit_spec_validate(const moejit_spec *spec) {
   return mj_spec_check(spec, NULL);
 }
 
+moejit_status moejit_spec_validate_arch(const moejit_spec *spec, const char *arch) {
+  if (!spec || !arch)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_spec_validate_arch: %s is NULL",
+                   !spec ? "spec" : "arch");
+  moejit_spec s = *spec;
+  if (strlen(arch) >= sizeof s.archs[0])
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "arch '%.40s...' is too long", arch);
+  s.n_archs = 1;
+  snprintf(s.archs[0], sizeof s.archs[0], "%s", arch);
+  return mj_spec_check(&s, NULL);
+}
+
 void mj_spec_summary(const moejit_spec *spec, char *buf, size_t cap) {
   if (!buf || cap == 0) return;
   if (!spec) {

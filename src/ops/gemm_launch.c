@@ -194,11 +194,12 @@ static moejit_status gemm_launch(int which, moejit_ctx *ctx, const moejit_spec *
                    which == 1 ? "moejit_gemm1_swiglu" : "moejit_gemm2");
   moejit_status st = check_args(which, spec, args);
   if (st) return mj_ctx_fail(ctx, st);
-  if (args->max_rows == 0) return MOEJIT_OK; /* no rows: nothing to compute */
-  mj_gemm_plan plan;
-  if ((st = mj_gemm_plan_make_for(spec, which, args->path, args->max_rows, mj_ctx_arch(ctx),
-                                   &plan)))
+  mj_gemm_plan plan; /* planned for one row when there are none: the spec
+                        and path are checked all the same */
+  if ((st = mj_gemm_plan_make_for(spec, which, args->path, args->max_rows ? args->max_rows : 1,
+                                  mj_ctx_arch(ctx), &plan)))
     return mj_ctx_fail(ctx, st);
+  if (args->max_rows == 0) return MOEJIT_OK; /* no rows: nothing to compute */
   /* gathered A rows: the plan's gathering twin (mj_gemm1_gather_entry), or
    * why it has none */
   const char *gather = args->a_index ? mj_gemm1_gather_entry(&plan) : NULL;

@@ -153,7 +153,8 @@ static moejit_status check_spec(const moejit_spec *spec, int which, const char *
                    "HINT: moejit_spec_validate says which field",
                    op, which, g->tile_m, g->tile_n, g->tile_k, g->stages, g->warps);
   if (spec->hidden < 1 || spec->hidden > INT32_MAX || spec->expert_width < 1 ||
-      spec->expert_width > INT32_MAX || spec->experts < 1)
+      spec->expert_width > INT32_MAX || spec->experts < 1 ||
+      spec->experts > 1024) /* the config's bound: the tile table's ints stay small */
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "%s: spec shape d=%lld f=%lld E=%d is out of range; HINT: moejit_spec_validate "
                    "says which field",

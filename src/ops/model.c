@@ -229,6 +229,9 @@ static moejit_status list_gemm(warm_list *w, int which) {
     moejit_status st = mj_gemm_choose(&m->spec, vs, which, ts[i], w->arch, &c);
     if (st && ts[i] == 1) return mj_fail_prefix(st, "moejit_model_load: GEMM %d at T = 1", which);
     if (st) continue;
+    char at[64];
+    snprintf(at, sizeof at, "moejit_model_load: at T = %lld", (long long)ts[i]);
+    if ((st = mj_gemm_choice_fits(&c, which, mj_ctx_smem_optin(m->ctx), at))) return st;
     size_t split = 0, zero;
     if (which == 2) mj_gemm2_split_layout(&c.plan, mj_ctx_sm_count(m->ctx), &split, &zero);
     if (split) { /* the layer's workspace holds GEMM 2's K-split scratch from here on */
@@ -644,7 +647,7 @@ moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec
   moejit_status st = moejit_spec_validate(spec);
   if (st) return mj_fail_prefix(st, "moejit_model_prebuild");
   if ((st = check_supported(spec))) return st;
-  if (opts && (opts->ep.world > 0 || opts->ep.nccl_comm))
+  if (opts && (opts->ep.world != 0 || opts->ep.nccl_comm || opts->ep.nccl_id))
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "moejit_model_prebuild: builds one GPU's layer; an expert-parallel load "
                    "builds each rank's kernels for its own experts; HINT: leave opts.ep zero");
@@ -655,6 +658,8 @@ moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec
                    "arch of the GPU the model will load on (sm_90a for an H100; 'auto' needs "
                    "that GPU)",
                    arch ? arch : "(none)");
+  if (moejit_spec_validate_arch(spec, arch) != MOEJIT_OK) /* sm_75, sm_80a, clusters below sm_90 */
+    return mj_fail_prefix(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_prebuild: arch '%s'", arch);
   moejit_model *m = calloc(1, sizeof *m);
   if (!m) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_model_prebuild: out of memory");
   m->spec = *spec;
@@ -702,7 +707,7 @@ moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsig
   if (out) *out = NULL;
   moejit_status st = check_load_args(ctx, spec, out);
   if (st) return st;
-  if (opts && (opts->ep.world > 0 || opts->ep.nccl_comm)) {
+  if (opts && (opts->ep.world != 0 || opts->ep.nccl_comm || opts->ep.nccl_id)) {
     if (families != MJ_OPS_LAYER)
       return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                                       "moejit_model_load: expert parallelism (opts.ep) needs a "

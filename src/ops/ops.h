@@ -103,6 +103,14 @@ typedef struct mj_gemm_choice {
  * a grid too large). Host only: no allocation, no sync. */
 moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v, int which,
                              int64_t tokens, const char *arch, mj_gemm_choice *c);
+/* UNSUPPORTED, naming `op`, the GEMM, its kernel and tile, when the
+ * choice's plan asks more shared memory than a block may have on the
+ * device (smem_optin bytes; 0: unknown, no check): the spec's tiles are
+ * checked against the H100's 227 KiB when the config loads, a smaller GPU
+ * (an A100: 163 KiB, sm_86/89: 99 KiB) needs a smaller tile or fewer
+ * stages. */
+moejit_status mj_gemm_choice_fits(const mj_gemm_choice *c, int which, int smem_optin,
+                                  const char *op);
 
 /* 1 when a forward of `tokens` tokens with these GEMM choices runs as the
  * two-launch decode layer (layer.c): both GEMMs on the GEMV path, T within

@@ -153,6 +153,10 @@ int mj_ctx_sm_count(const moejit_ctx *ctx) {
   return ctx && ctx->info.sm_count > 0 ? ctx->info.sm_count : 1;
 }
 
+int mj_ctx_smem_optin(const moejit_ctx *ctx) {
+  return ctx && ctx->limits.smem_per_block_optin > 0 ? ctx->limits.smem_per_block_optin : 0;
+}
+
 int mj_ctx_l2_bytes(const moejit_ctx *ctx) {
   return ctx && ctx->info.l2_bytes > 0 ? ctx->info.l2_bytes : 0;
 }

@@ -156,6 +156,11 @@ static void load_driver(void) {
   drv.loaded = 1;
 }
 
+void *mj_driver_lib(void) {
+  pthread_once(&drv.load_once, load_driver);
+  return drv.load_status == MOEJIT_OK ? drv.lib : NULL;
+}
+
 moejit_status mj_driver_get(const mj_driver **out) {
   pthread_once(&drv.load_once, load_driver);
   if (drv.load_status != MOEJIT_OK) {

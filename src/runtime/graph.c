@@ -55,11 +55,8 @@ static void load_graph_api(void) {
     snprintf(g.message, sizeof g.message, "%s", moejit_last_error());
     return;
   }
-  /* driver.c loaded it already (same path rule), so this only takes a
-   * reference to the loaded library. */
-  const char *env = getenv("MOEJIT_LIBCUDA_PATH");
-  void *lib = dlopen(env && *env ? env : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  /* the library driver.c loaded, whatever $MOEJIT_LIBCUDA_PATH says now */
+  void *lib = mj_driver_lib();
   PFN_cuGetProcAddress_v12000 get_proc =
       lib ? (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2") : NULL;
   graph_api *a = &g.api;

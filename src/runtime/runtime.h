@@ -28,6 +28,8 @@ moejit_status mj_ctx_limits(moejit_ctx *ctx, mj_device_limits *out);
 const char *mj_ctx_arch(const moejit_ctx *ctx);
 /* The device's multiprocessor count (1 when unknown). */
 int mj_ctx_sm_count(const moejit_ctx *ctx);
+/* The most shared memory a block may opt in to (0 when unknown: no ctx). */
+int mj_ctx_smem_optin(const moejit_ctx *ctx);
 /* The device's L2 cache bytes (0 when unknown). */
 int mj_ctx_l2_bytes(const moejit_ctx *ctx);
 /* moejit_kernel_launch with every block resident at once (cuLaunchKernelEx,
@@ -185,6 +187,10 @@ typedef struct mj_driver {
  * NO_DRIVER with "no CUDA driver found (...); HINT: ..." when absent or
  * missing a required entry point; the same result on every later call. */
 moejit_status mj_driver_get(const mj_driver **out);
+/* The dlopen handle of the driver mj_driver_get loaded (NULL if it did
+ * not load): later lookups use it rather than reading the environment
+ * again, which may have changed since. */
+void *mj_driver_lib(void);
 
 /* mj_driver_get, then cuInit(0) once. NO_DEVICE when the driver reports no
  * device, NO_DRIVER when cuInit fails otherwise; messages carry the hint

@@ -220,15 +220,31 @@ Test(prebuild, bad_arguments_and_a_broken_table_fail_before_compiling) {
                  MOEJIT_ERR_INVALID_ARGUMENT, "%s", bad_arch[i]);
     cr_expect(strstr(moejit_last_error(), "HINT"), "%s", moejit_last_error());
   }
+  /* arch names the config would refuse: before NVRTC, not a compile error */
+  static const char *const refused_arch[] = {"sm_75", "sm_80a", "sm_70", "sm_999"};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(refused_arch); i++) {
+    cr_expect_eq(moejit_model_prebuild(c, &s, refused_arch[i], kDevice, NULL),
+                 MOEJIT_ERR_INVALID_ARGUMENT, "%s: %s", refused_arch[i], moejit_last_error());
+    cr_expect(strstr(moejit_last_error(), "moejit_model_prebuild: arch") &&
+                  strstr(moejit_last_error(), "not a supported arch"),
+              "%s", moejit_last_error());
+  }
+  moejit_spec pairs = s;
+  pairs.gemm1.cluster_m = 2; /* clusters need sm_90 */
+  cr_expect_eq(moejit_model_prebuild(c, &pairs, "sm_80", NULL, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "cluster"), "%s", moejit_last_error());
   moejit_spec bad = s;
   bad.top_k = bad.experts + 1;
   cr_expect_eq(moejit_model_prebuild(c, &bad, "sm_90a", NULL, NULL), MOEJIT_ERR_CONFIG);
   cr_expect(strstr(moejit_last_error(), "top_k"), "%s", moejit_last_error());
   moejit_load_opts opts;
   moejit_load_opts_init(&opts);
-  opts.ep.world = 2;
-  cr_expect_eq(moejit_model_prebuild(c, &s, "sm_90a", NULL, &opts), MOEJIT_ERR_INVALID_ARGUMENT);
-  cr_expect(strstr(moejit_last_error(), "opts.ep"), "%s", moejit_last_error());
+  const int worlds[] = {2, -4};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(worlds); i++) {
+    opts.ep.world = worlds[i];
+    cr_expect_eq(moejit_model_prebuild(c, &s, "sm_90a", NULL, &opts), MOEJIT_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(moejit_last_error(), "opts.ep"), "%s", moejit_last_error());
+  }
 
   /* a table that does not parse: CONFIG with its position, as a load */
   char file[256];

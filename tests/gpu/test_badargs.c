@@ -656,6 +656,33 @@ Test(badargs_nogpu, largest_token_count_gives_valid_grids) {
   fake_fixture_free(&f);
 }
 
+/* A GEMM tile larger than the device's shared memory per block (the
+ * presets' H100 tiles on an A100, for one) is refused before route runs:
+ * nothing is enqueued. */
+Test(badargs_nogpu, forward_refuses_a_gemm_tile_the_device_cannot_hold) {
+  moejit_spec spec;
+  fixture f = fake_fixture(&spec);
+  f.ctx->limits.smem_per_block_optin = 1024; /* smaller than any tile's pipeline */
+  atomic_store(&fake_calls, 0);
+  moejit_moe_args a = f.forward;
+  cr_expect_eq(moejit_moe_forward(f.layer, &a, NULL), MOEJIT_ERR_UNSUPPORTED, "%s",
+               moejit_last_error());
+  cr_expect(strstr(moejit_last_error(), "shared memory") &&
+                strstr(moejit_last_error(), "this GPU allows 1024") &&
+                strstr(moejit_last_error(), "HINT"),
+            "%s", moejit_last_error());
+  cr_expect_eq(atomic_load(&fake_calls), 0, "the forward reached the driver before refusing");
+  /* With an H100's limit the same forward passes the check and launches
+   * route and align (the fake model has no GEMM kernels to go further). */
+  f.ctx->limits.smem_per_block_optin = 232448;
+  atomic_store(&fake_launches, 0);
+  (void)moejit_moe_forward(f.layer, &a, NULL);
+  cr_expect_geq(atomic_load(&fake_launches), 2, "the check refused a tile an H100 holds");
+  atomic_store(&fake_calls, 0);
+  atomic_store(&fake_launches, 0);
+  fake_fixture_free(&f);
+}
+
 Test(badargs_nogpu, every_bad_argument_is_refused_before_the_driver) {
   moejit_spec spec;
   fixture f = fake_fixture(&spec);
@@ -678,6 +705,14 @@ Test(badargs_nogpu, model_load_refuses_null_and_invalid_specs) {
   cr_expect_eq(moejit_model_load(ctx, &spec, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
   cr_expect_eq(moejit_model_load_spec(NULL, &spec, NULL, &m), MOEJIT_ERR_INVALID_ARGUMENT);
   cr_expect_eq(moejit_model_load_config(NULL, NULL, NULL, &m), MOEJIT_ERR_INVALID_ARGUMENT);
+  /* a negative world is an expert-parallel request out of range, not one GPU */
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.ep.world = -4, o.ep.rank = 7;
+  cr_expect_eq(moejit_model_load_spec(ctx, &spec, &o, &m), MOEJIT_ERR_INVALID_ARGUMENT, "%s",
+               moejit_last_error());
+  cr_expect(strstr(moejit_last_error(), "ep.world"), "%s", moejit_last_error());
+  cr_expect_null(m);
   spec.top_k = spec.experts + 1;
   cr_expect_eq(moejit_model_load(ctx, &spec, &m), MOEJIT_ERR_CONFIG, "%s", moejit_last_error());
   cr_expect_null(m);

@@ -897,6 +897,12 @@ Test(gemm, argument_checks) {
   cr_assert_eq(moejit_gemm2(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
   a = ok, a.max_rows = 0; /* no rows: nothing launched, OK */
   cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_OK, "%s", moejit_last_error());
+  a.path = (moejit_gemm_path)77; /* ... but a bad path or spec is still one */
+  cr_assert_eq(moejit_gemm1_swiglu(ctx, &s, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  a.path = ok.path;
+  moejit_spec huge = s;
+  huge.experts = INT32_MAX; /* no int overflow on the way to the refusal */
+  cr_assert_eq(moejit_gemm2(ctx, &huge, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
   moejit_spec f = make_spec(264, 200, 5, MOEJIT_DTYPE_FP32, cfg(32, 64, 32, 2, 4, 0));
   a = ok, a.path = MOEJIT_GEMM_PATH_MMA;
   cr_assert_eq(moejit_gemm1_swiglu(ctx, &f, &a, NULL), MOEJIT_ERR_UNSUPPORTED);
