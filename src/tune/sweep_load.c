@@ -488,12 +488,14 @@ static moejit_status load_shape(const sl *L, const mj_yaml_node *n, int index, m
     return st;
   const mj_yaml_node *preset = map_get(n, "preset"), *v;
   if (preset) {
-    for (int i = 1; i <= 5; i++)
+    for (int i = 2; i <= 5; i++) /* a preset's shape is its own; 'name' only labels it */
       if ((v = map_get(n, keys[i])))
         return fail_at(L, v, path,
                        "'%s' cannot be given with 'preset' (a shape is a preset or raw)", keys[i]);
     snprintf(sub, sizeof sub, "%s.preset", path);
     st = load_preset(L, preset, sub, sh);
+    snprintf(sub, sizeof sub, "%s.name", path);
+    if (!st && (v = map_get(n, "name"))) st = get_name(L, v, sub, sh->name);
   } else {
     st = load_raw_shape(L, n, path, sh);
   }

@@ -72,7 +72,29 @@ typedef struct builder {
   mj_tune_plan *plan;
   plan_key *keys;
   size_t cap_keys;
+  /* the kept candidates of the current (shape, which), by plan key and
+   * path: an open-addressing table of candidate index + 1 (0: empty), so
+   * finding a duplicate does not walk the whole plan */
+  size_t *slots;
+  size_t n_slots, used_slots;
 } builder;
+
+static uint64_t key_hash(const plan_key *k, moejit_gemm_path path) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char *s = k->entry; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  const int v[] = {k->tile_m,   k->tile_n,    k->threads, k->smem,   k->wm,      k->wn,
+                   k->wk,       k->wg_stages, k->box_a,   k->box_w,  k->cluster, k->cluster_n,
+                   k->pingpong, k->tile_k,    k->stages,  k->raster, (int)path};
+  for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+    h = (h ^ (uint64_t)(uint32_t)v[i]) * 1099511628211ull;
+  return h ^ (h >> 29);
+}
+
+/* Forgets the kept candidates: a new (shape, which) begins. */
+static void slots_clear(builder *b) {
+  if (b->slots) memset(b->slots, 0, b->n_slots * sizeof *b->slots);
+  b->used_slots = 0;
+}
 
 /* Counts a pruned candidate under its category; past the table's size
  * the last slot becomes "other". */
@@ -93,6 +115,48 @@ static void count_reason(mj_tune_plan *p, const char *category) {
   last->count++;
 }
 
+/* The kept candidate of this (shape, which) with the same path and plan
+ * key, or -1. Candidates of one (shape, which) are pushed one after the
+ * other, and the table holds only them. */
+static int find_same(const builder *b, const mj_tune_cand *c, const plan_key *k) {
+  if (!b->n_slots) return -1;
+  for (size_t i = key_hash(k, c->path) & (b->n_slots - 1);; i = (i + 1) & (b->n_slots - 1)) {
+    if (!b->slots[i]) return -1;
+    const size_t j = b->slots[i] - 1;
+    const mj_tune_cand *o = &b->plan->cands[j];
+    if (o->shape == c->shape && o->which == c->which && o->path == c->path &&
+        key_eq(&b->keys[j], k))
+      return (int)j;
+  }
+}
+
+static void slots_put(builder *b, size_t cand) {
+  const mj_tune_cand *c = &b->plan->cands[cand];
+  for (size_t i = key_hash(&b->keys[cand], c->path) & (b->n_slots - 1);;
+       i = (i + 1) & (b->n_slots - 1))
+    if (!b->slots[i]) {
+      b->slots[i] = cand + 1;
+      b->used_slots++;
+      return;
+    }
+}
+
+/* Keeps the table under half full (doubling it re-inserts what it holds). */
+static moejit_status slots_reserve(builder *b) {
+  if (2 * (b->used_slots + 1) <= b->n_slots) return MOEJIT_OK;
+  const size_t n = b->n_slots ? 2 * b->n_slots : 1024;
+  size_t *old = b->slots, old_n = b->n_slots;
+  if (!(b->slots = calloc(n, sizeof *b->slots))) {
+    b->slots = old;
+    return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory planning a sweep");
+  }
+  b->n_slots = n, b->used_slots = 0;
+  for (size_t i = 0; i < old_n; i++)
+    if (old[i]) slots_put(b, old[i] - 1);
+  free(old);
+  return MOEJIT_OK;
+}
+
 static moejit_status push(builder *b, const mj_tune_cand *c, const plan_key *k) {
   mj_tune_plan *p = b->plan;
   if (p->n == p->cap) {
@@ -107,10 +171,15 @@ static moejit_status push(builder *b, const mj_tune_cand *c, const plan_key *k) 
     if (!keys) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory planning a sweep");
     b->keys = keys, b->cap_keys = cap;
   }
+  if (k && !c->pruned) {
+    moejit_status st = slots_reserve(b);
+    if (st) return st;
+  }
   p->cands[p->n] = *c;
   b->keys[p->n] = k ? *k : (plan_key){.entry = ""};
   p->n++;
   if (c->pruned) p->pruned++, count_reason(p, c->category);
+  if (k && !c->pruned) slots_put(b, p->n - 1);
   return MOEJIT_OK;
 }
 
@@ -158,16 +227,6 @@ static const char *divisibility(const moejit_spec *s, int which, const moejit_ge
     return "divisibility (K)";
   }
   return NULL;
-}
-
-static int find_same(const builder *b, const mj_tune_cand *c, const plan_key *k) {
-  for (size_t i = 0; i < b->plan->n; i++) {
-    const mj_tune_cand *o = &b->plan->cands[i];
-    if (!o->pruned && o->shape == c->shape && o->which == c->which && o->path == c->path &&
-        key_eq(&b->keys[i], k))
-      return (int)i;
-  }
-  return -1;
 }
 
 /* Classifies one candidate and adds it (pruned or kept); a duplicate's
@@ -347,12 +406,20 @@ static unsigned shape_kernels(const moejit_sweep *sw, int shape) {
 
 moejit_status mj_tune_plan_build(const moejit_sweep *sw, const char *arch, mj_tune_plan *plan) {
   memset(plan, 0, sizeof *plan);
-  builder b = {sw, arch, plan, NULL, 0};
+  builder b = {sw, arch, plan, NULL, 0, NULL, 0, 0};
   moejit_status st = MOEJIT_OK;
   for (int s = 0; s < sw->n_shapes && !st; s++) {
     unsigned kernels = shape_kernels(sw, s);
+    if (!kernels) { /* it would vanish from the plan without a word */
+      st = mj_fail(MOEJIT_ERR_CONFIG,
+                   "%s:%d:%d: shape '%s': no space times any of its token counts; HINT: give "
+                   "a space its tokens, or the shape tokens some space times",
+                   sw->origin, sw->shapes[s].line, sw->shapes[s].col, sw->shapes[s].name);
+      break;
+    }
     for (int which = 1; which <= 2 && !st; which++) {
       if (!(kernels & MJ_KERNEL_BIT(which))) continue;
+      slots_clear(&b);
       st = add_heuristic_tiles(&b, s, which);
       for (int i = 0; i < sw->n_spaces && !st; i++)
         if (sw->spaces[i].kernels & MJ_KERNEL_BIT(which))
@@ -360,6 +427,7 @@ moejit_status mj_tune_plan_build(const moejit_sweep *sw, const char *arch, mj_tu
     }
   }
   free(b.keys);
+  free(b.slots);
   if (st) mj_tune_plan_free(plan);
   return st;
 }

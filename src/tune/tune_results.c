@@ -191,6 +191,19 @@ static int parse_row(char *line, mj_tune_row *r) {
   r->status = (mj_tune_status)status;
   r->iters = (int)iters;
   r->cand = -1;
+  /* A row no run of ours writes (edited, or damaged) is dropped, so its
+   * point is timed again rather than resumed: an ok row's time must be a
+   * time (finite, > 0; 0 means "not timed" in a table), its error a number,
+   * and the tile's numbers must be ints of the ranges a config allows. */
+  for (int i = 0; i < 5; i++)
+    if (tile[i] < 1 || tile[i] > 4096) return 0;
+  if (cluster < 1 || cluster > 2 || cluster_n < 1 || cluster_n > 2 || iters < 0 ||
+      iters > INT32_MAX || shape[2] < 1 || shape[2] > INT32_MAX || shape[3] < 1 ||
+      shape[3] > INT32_MAX)
+    return 0;
+  if (r->status == MJ_TS_OK && (!isfinite(r->us) || !(r->us > 0) || !isfinite(r->rel_err) ||
+                                r->rel_err < 0 || !isfinite(r->copy_us) || r->copy_us < 0))
+    return 0;
   return 1;
 }
 

@@ -3,6 +3,8 @@
  * -> per (shape, kernel, T) group: inputs, reference, the heuristic and
  * every candidate measured through the backend -> winners -> results files
  * and the tuned table. The GPU work itself lives behind mj_tune_backend. */
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -10,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "ops/gemm.h"
@@ -203,11 +206,19 @@ static moejit_status resume(run *r) {
       r->old_used[idx[lo].i] = 1;
       if (row->status != MJ_TS_PENDING || (old->status != MJ_TS_OK && old->status != MJ_TS_WRONG))
         continue;
-      row->status = old->status;
+      /* judged again by this sweep's tolerance, which may have changed: a
+       * row found wrong before (never timed) that passes now is timed */
+      const int passes = old->rel_err <= r->sw->tolerance; /* NaN: fails */
+      if (passes && old->status == MJ_TS_WRONG) continue;
+      row->status = passes ? MJ_TS_OK : MJ_TS_WRONG;
       row->us = old->us, row->tflops = old->tflops, row->gbs = old->gbs;
       row->rel_err = old->rel_err, row->iters = old->iters, row->copy_us = old->copy_us;
       mj_strlcpy(row->date, old->date, sizeof row->date);
       mj_strlcpy(row->reason, old->reason, sizeof row->reason);
+      if (!passes && old->status == MJ_TS_OK)
+        snprintf(row->reason, sizeof row->reason,
+                 "relative error %.3g on the sampled rows > tolerance %g", old->rel_err,
+                 r->sw->tolerance);
       row->resumed = 1;
       r->sum->resumed++;
     }
@@ -780,6 +791,40 @@ static void today(char *buf, size_t cap) {
   strftime(buf, cap, "%Y-%m-%d", &tm);
 }
 
+/* The results directory and the table's folder, made and checked before
+ * any timing (a path that cannot be written would otherwise surface only
+ * after hours of it), and a table that is not one of the results files. */
+static moejit_status check_outputs(const run *r, const char *table) {
+  char dir[MOEJIT_PATH_MAX], real_dir[PATH_MAX], real_table[PATH_MAX + 8];
+  moejit_status st = mj_mkdir_p(r->results_dir, 0755);
+  if (st) return mj_fail_prefix(st, "results directory %s", r->results_dir);
+  if (access(r->results_dir, W_OK | X_OK) != 0 || !realpath(r->results_dir, real_dir))
+    return mj_fail(MOEJIT_ERR_IO, "results directory %s: %s; HINT: pass --results DIR",
+                   r->results_dir, strerror(errno));
+  if (!table) return MOEJIT_OK;
+  int fd = -1;
+  if ((st = mj_tuned_table_lock(table, 1, &fd))) return st; /* makes its folder */
+  mj_tuned_table_unlock(fd);
+  mj_strlcpy(dir, table, sizeof dir);
+  char *slash = strrchr(dir, '/');
+  const char *base = slash ? slash + 1 : table;
+  if (slash) *slash = '\0';
+  if (access(slash ? (*dir ? dir : "/") : ".", W_OK | X_OK) != 0)
+    return mj_fail(MOEJIT_ERR_IO,
+                   "tuned table %s: its folder is not writable: %s; HINT: pass "
+                   "--out with another file",
+                   table, strerror(errno));
+  if (!realpath(slash ? (*dir ? dir : "/") : ".", real_table)) return MOEJIT_OK;
+  if (strcmp(real_table, real_dir) != 0) return MOEJIT_OK;
+  static const char *const ours[] = {"results.csv", "results.json", "chart.svg"};
+  for (size_t i = 0; i < sizeof ours / sizeof *ours; i++)
+    if (!strcmp(base, ours[i]))
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                     "--out %s is this run's own %s; HINT: pass --out with another file", table,
+                     ours[i]);
+  return MOEJIT_OK;
+}
+
 static moejit_status prepare(run *r) {
   moejit_status st = mj_tune_plan_build(r->sw, r->be->arch, &r->plan);
   if (st) return st;
@@ -802,8 +847,10 @@ static moejit_status prepare(run *r) {
   /* the table the winners go into: refused now (another GPU's, unreadable)
    * rather than after the timing; its entries join the runoff */
   char path[MOEJIT_PATH_MAX];
-  if (!st && r->be->can_time && !r->o->no_table && !(st = table_path(r, path, sizeof path)))
-    st = load_table(r, path, &r->prior);
+  const int table = r->be->can_time && !r->o->no_table;
+  if (!st && table) st = table_path(r, path, sizeof path);
+  if (!st && r->be->can_time) st = check_outputs(r, table ? path : NULL);
+  if (!st && table) st = load_table(r, path, &r->prior);
   return st;
 }
 

@@ -117,9 +117,11 @@ static int cfg_problem(const moejit_gemm_cfg *g, int *key, char *why, size_t cap
     return *key = EK_STAGES, out_of(why, cap, "%d is out of range (allowed 2..8)", g->stages);
   if (!one_of(g->warps, warps, 3))
     return *key = EK_WARPS, out_of(why, cap, "%d is not supported (allowed 4, 8, 12)", g->warps);
-  if (g->cluster_m < 1 || g->cluster_m > 2 || g->cluster_n < 1 || g->cluster_n > 2)
-    return *key = EK_CLUSTER, out_of(why, cap, "[%d, %d] is out of range (allowed 1 or 2 each)",
-                                     g->cluster_m, g->cluster_n);
+  if (g->cluster_m < 1 || g->cluster_m > 2 || g->cluster_n < 1 || g->cluster_n > 2 ||
+      (g->cluster_m == 2 && g->cluster_n == 2))
+    return *key = EK_CLUSTER,
+           out_of(why, cap, "[%d, %d] is out of range (allowed 1 or 2 each, not both 2)",
+                  g->cluster_m, g->cluster_n);
   if (g->raster != MOEJIT_RASTER_ALONG_M && g->raster != MOEJIT_RASTER_ALONG_N)
     return *key = EK_RASTER,
            out_of(why, cap, "value %d is not a raster order (allowed along_m, along_n)",

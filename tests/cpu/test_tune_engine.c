@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "ops/ops.h"
@@ -656,6 +657,129 @@ Test(tune_engine, resume_times_nothing_twice) {
   moejit_tune_summary_free(&first);
   moejit_tune_summary_free(&again);
   moejit_tune_summary_free(&other);
+}
+
+/* Sets the median_us field of every ok row of results.csv to `value`. */
+static int rewrite_ok_times(const char *value) {
+  char path[2048];
+  snprintf(path, sizeof path, "%s/results.csv", results);
+  char *text = slurp(results, "results.csv"), *line, *save = NULL;
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f);
+  int n = 0;
+  for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    char *ok = strstr(line, ",ok,");
+    if (!ok) {
+      fprintf(f, "%s\n", line);
+      continue;
+    }
+    char *after = strchr(ok + 4, ','); /* past the median */
+    cr_assert_not_null(after);
+    fprintf(f, "%.*s,ok,%s%s\n", (int)(ok - line), line, value, after);
+    n++;
+  }
+  fclose(f);
+  free(text);
+  return n;
+}
+
+/* A row no run writes (a time that is not one) is timed again, not
+ * resumed: NaN or a negative time would fail the table write at the end of
+ * every later run, 0 would write an entry that reads as a pin. */
+Test(tune_engine, resume_drops_rows_whose_time_is_not_a_time) {
+  static const char *const bad[] = {"nan", "-5.000", "0.000", "inf"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    fake f = {.wrong_tile_m = 16};
+    moejit_tune_summary first, again;
+    cr_assert_eq(run(&f, 0, &first), MOEJIT_OK, "%s", moejit_last_error());
+    const int edited = rewrite_ok_times(bad[i]);
+    cr_assert_gt(edited, 0);
+    fake f2 = {.wrong_tile_m = 16};
+    cr_assert_eq(run(&f2, 0, &again), MOEJIT_OK, "%s: %s", bad[i], moejit_last_error());
+    cr_expect_eq(f2.measures, edited, "%s: %d rows timed again, %d edited", bad[i], f2.measures,
+                 edited);
+    cr_expect_eq(again.n_winners, first.n_winners);
+    for (size_t w = 0; w < again.n_winners; w++)
+      cr_expect(again.winners[w].us > 0 && isfinite(again.winners[w].us), "%s: winner us %g",
+                bad[i], again.winners[w].us);
+    moejit_tune_summary_free(&first);
+    moejit_tune_summary_free(&again);
+    ts_rmtree(results);
+    unlink(table);
+  }
+}
+
+/* A resumed row is judged by this sweep's tolerance, not the one it ran
+ * under: tightened, a row that passed before is wrong now (and cannot win);
+ * loosened, a row found wrong before (never timed) is timed. */
+Test(tune_engine, resume_judges_rows_by_the_current_tolerance) {
+  static const char loose_text[] = SWEEP_SPACES "}\ncheck: {tolerance: 0.6}\n";
+  moejit_sweep *loose = NULL;
+  cr_assert_eq(moejit_sweep_load_string(loose_text, strlen(loose_text), "loose.yaml", &loose),
+               MOEJIT_OK, "%s", moejit_last_error());
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.results_dir = results, o.out_table = table, o.jobs = 2, o.runoff = -1;
+  fake f = {.wrong_tile_m = 16}; /* rel_err 0.5: ok at 0.6, wrong at 0.02 */
+  mj_tune_backend be = backend(&f);
+  moejit_tune_summary s1, s2, s3;
+  cr_assert_eq(mj_tune_run_backend(loose, &o, &be, &s1), MOEJIT_OK, "%s", moejit_last_error());
+  int loose_16 = 0;
+  for (size_t w = 0; w < s1.n_winners; w++) loose_16 += s1.winners[w].cfg.tile_m == 16;
+  cr_assert_gt(loose_16, 0, "the fake's 16-row mma tile is the fastest when it passes");
+  fake f2 = {.wrong_tile_m = 16};
+  cr_assert_eq(run(&f2, 0, &s2), MOEJIT_OK, "%s", moejit_last_error()); /* tolerance 0.02 */
+  cr_expect_eq(f2.measures, 0, "every row was resumed");
+  for (size_t w = 0; w < s2.n_winners; w++)
+    cr_expect_neq(s2.winners[w].cfg.tile_m, 16, "a row wrong at this tolerance won (T = %lld)",
+                  (long long)s2.winners[w].tokens);
+  /* and back: loose again after a strict first run times the wrong rows */
+  ts_rmtree(results);
+  unlink(table);
+  fake f3 = {.wrong_tile_m = 16};
+  cr_assert_eq(run(&f3, 0, &s3), MOEJIT_OK);
+  moejit_tune_summary_free(&s3);
+  fake f4 = {.wrong_tile_m = 16};
+  be = backend(&f4);
+  cr_assert_eq(mj_tune_run_backend(loose, &o, &be, &s3), MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect_gt(f4.measures, 0, "rows found wrong before were not timed when they pass now");
+  loose_16 = 0;
+  for (size_t w = 0; w < s3.n_winners; w++) loose_16 += s3.winners[w].cfg.tile_m == 16;
+  cr_expect_gt(loose_16, 0);
+  moejit_tune_summary_free(&s1);
+  moejit_tune_summary_free(&s2);
+  moejit_tune_summary_free(&s3);
+  moejit_sweep_destroy(loose);
+}
+
+/* Where the results or the table cannot go, the run says so before it
+ * compiles or times anything (on a GPU, hours of timing were lost). */
+Test(tune_engine, unusable_outputs_are_refused_before_timing) {
+  char file[1100], out[2048];
+  snprintf(file, sizeof file, "%s/a-file", tmp);
+  free(ts_write_file(tmp, "a-file", "x"));
+  moejit_tune_opts o;
+  moejit_tune_opts_init(&o);
+  o.jobs = 2, o.runoff = -1;
+  moejit_tune_summary s;
+  fake f = {0};
+  mj_tune_backend be = backend(&f);
+  o.results_dir = file, o.out_table = table; /* results dir is a file */
+  cr_expect_neq(mj_tune_run_backend(sweep, &o, &be, &s), MOEJIT_OK);
+  cr_expect(strstr(moejit_last_error(), "results directory"), "%s", moejit_last_error());
+  cr_expect_eq(f.measures + f.compiles, 0, "%d timed, %d compiled first", f.measures, f.compiles);
+  moejit_tune_summary_free(&s);
+  snprintf(out, sizeof out, "%s/under/t.yaml", file); /* the table's folder is a file */
+  o.results_dir = results, o.out_table = out;
+  cr_expect_neq(mj_tune_run_backend(sweep, &o, &be, &s), MOEJIT_OK);
+  cr_expect_eq(f.measures + f.compiles, 0);
+  moejit_tune_summary_free(&s);
+  snprintf(out, sizeof out, "%s/results.csv", results); /* the run's own results */
+  o.out_table = out;
+  cr_expect_eq(mj_tune_run_backend(sweep, &o, &be, &s), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "own results.csv"), "%s", moejit_last_error());
+  cr_expect_eq(f.measures + f.compiles, 0);
+  moejit_tune_summary_free(&s);
 }
 
 /* results.csv as a moejit before cluster_n had a column wrote it: that

@@ -231,6 +231,40 @@ Test(tune_sweep, errors_name_line_col_and_key) {
   load_fails("name: e\ntokens: [1\n", "t.yaml:", "malformed YAML");
 }
 
+/* One preset in two dtypes: the second takes a name of its own. */
+Test(tune_sweep, a_preset_twice_under_another_name) {
+  moejit_sweep *sw = load(
+      "name: two\ntokens: [1, 64]\nshapes:\n  - olmoe-1b-7b\n"
+      "  - {preset: olmoe-1b-7b, name: olmoe-fp16, dtype: fp16}\n" SPACE);
+  cr_assert_eq(sw->n_shapes, 2);
+  cr_assert_str_eq(sw->shapes[1].name, "olmoe-fp16");
+  cr_assert_str_eq(sw->shapes[1].preset, "olmoe-1b-7b");
+  cr_assert_eq(sw->shapes[1].spec.act_dtype, MOEJIT_DTYPE_FP16);
+  cr_assert_eq(sw->shapes[1].spec.gemm1.tile_m, sw->shapes[0].spec.gemm1.tile_m,
+               "the preset's tiles (the heuristic baseline) are kept");
+  moejit_sweep_destroy(sw);
+  load_fails("name: e\ntokens: [1]\nshapes:\n  - {preset: olmoe-1b-7b, name: \"a b\"}\n" SPACE,
+             "shapes[0].name", NULL);
+}
+
+/* A shape whose token counts no space times would drop out of the plan
+ * without a word: the plan refuses it, naming it and its place. */
+Test(tune_sweep, shape_that_no_space_times_is_refused) {
+  moejit_sweep *sw = load(
+      "name: d\ntokens: [4, 64]\nshapes:\n"
+      "  - {name: kept, hidden: 512, expert_width: 256, experts: 8, top_k: 2}\n"
+      "  - {name: dropped, hidden: 512, expert_width: 512, experts: 8, top_k: 2, tokens: "
+      "[1, 8]}\n"
+      "spaces:\n  - {paths: [mma], tokens: [4, 64], tile_m: 64, tile_n: 128, tile_k: 64, "
+      "stages: 3}\n");
+  mj_tune_plan plan;
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_90a", &plan), MOEJIT_ERR_CONFIG);
+  cr_assert(strstr(moejit_last_error(), "t.yaml:5:5: shape 'dropped'") &&
+                strstr(moejit_last_error(), "no space times"),
+            "%s", moejit_last_error());
+  moejit_sweep_destroy(sw);
+}
+
 Test(tune_sweep, file_errors_and_find) {
   moejit_sweep *sw = NULL;
   cr_assert_eq(moejit_sweep_load_file("/nonexistent/s.yaml", &sw), MOEJIT_ERR_IO);

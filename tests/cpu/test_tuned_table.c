@@ -53,6 +53,8 @@ static mj_tuned_entry random_entry(ts_rng *r) {
                             (int)(1 + ts_next(r) % 2),
                             (moejit_raster)(ts_next(r) % 2),
                             (moejit_gemm_schedule)(ts_next(r) % MJ_SCHEDULE_COUNT)};
+  if (e.cfg.cluster_m == 2 && e.cfg.cluster_n == 2) /* pairs along M or N, not both */
+    e.cfg.cluster_n = 1;
   e.path = (moejit_gemm_path[]){MOEJIT_GEMM_PATH_MMA, MOEJIT_GEMM_PATH_WGMMA,
                                 MOEJIT_GEMM_PATH_GEMV}[ts_next(r) % 3];
   e.us = ts_uniform(r, 0.5, 5000.0);
@@ -457,6 +459,9 @@ Test(tuned_table, structure_errors_name_their_position) {
   free(text);
   text = entry_text(NULL, NULL, "cluster: [3, 1]");
   expect_error(text, "bad.yaml:15:14: entries[0].cluster", "allowed 1 or 2");
+  free(text);
+  text = entry_text(NULL, NULL, "cluster: [2, 2]"); /* a pair along M or along N, not both */
+  expect_error(text, "bad.yaml:15:14: entries[0].cluster", "not both 2");
   free(text);
   text = entry_text(NULL, NULL, "raster: diagonal");
   expect_error(text, "bad.yaml:15:13: entries[0].raster", "allowed along_m, along_n");
