@@ -582,6 +582,20 @@ static void put_entry(mj_buf *b, const mj_tuned_entry *e) {
   mj_buf_puts(b, e->pinned ? ", pinned: true}\n" : "}\n");
 }
 
+/* 1 if s is well-formed UTF-8: no stray or truncated bytes, no overlong
+ * forms, no surrogates, nothing past U+10FFFF (what a YAML reader takes). */
+static int utf8_valid(const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    unsigned cp = 0;
+    const int n = *p >= 0x80 ? utf8_decode(p, &cp) : 1;
+    if (!n || (n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+      return 0;
+    p += n;
+  }
+  return 1;
+}
+
 static moejit_status check_header(const mj_tuned_table *t, const char *op) {
   const struct {
     const char *name, *s;
@@ -593,6 +607,8 @@ static moejit_status check_header(const mj_tuned_table *t, const char *op) {
   for (size_t i = 0; i < MJ_ARRAY_LEN(strs); i++)
     if (!memchr(strs[i].s, '\0', strs[i].cap))
       return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: %s is not NUL-terminated", op, strs[i].name);
+    else if (!utf8_valid(strs[i].s)) /* the reader would refuse the file */
+      return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: %s is not valid UTF-8", op, strs[i].name);
   if (!t->device[0])
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "%s: the table names no device; HINT: set device to the GPU's name "

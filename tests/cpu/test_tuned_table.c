@@ -220,6 +220,40 @@ Test(tuned_table, shipped_tables_rewrite_byte_for_byte) {
   free(dir);
 }
 
+/* The writer never writes what its reader refuses: header strings that are
+ * not UTF-8 (stray bytes, overlong forms, surrogates) are refused, and
+ * nothing is written; well-formed UTF-8 reads back as it was. */
+Test(tuned_table, header_strings_must_be_utf8) {
+  char *dir = ts_mkdtemp("tuned-utf8");
+  char path[1200];
+  snprintf(path, sizeof path, "%s/t.yaml", dir);
+  static const char *const bad[] = {"\xff\xfe GPU", "\xc0\x80 GPU", "\xed\xa0\x80 GPU",
+                                    "GPU \xe2\x82", "\xf4\x90\x80\x80 GPU"};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bad); i++) {
+    mj_tuned_table t;
+    fill_header(&t, bad[i]);
+    cr_expect_eq(mj_tuned_table_write(&t, path), MOEJIT_ERR_INVALID_ARGUMENT, "case %zu", i);
+    cr_expect(strstr(moejit_last_error(), "not valid UTF-8"), "%s", moejit_last_error());
+    cr_expect(access(path, F_OK) != 0, "case %zu: a file was written", i);
+  }
+  mj_tuned_table t, back;
+  fill_header(&t,
+              "\xc3\x9c"
+              "n"
+              "\xc3\xaf"
+              "c"
+              "\xc3\xb8"
+              "d"
+              "\xc3\xa9"
+              " GPU \xf0\x9f\x9a\x80");
+  OK(mj_tuned_table_write(&t, path));
+  OK(mj_tuned_table_load_file(path, &back));
+  cr_expect_str_eq(back.device, t.device);
+  mj_tuned_table_free(&back);
+  ts_rmtree(dir);
+  free(dir);
+}
+
 Test(tuned_table, put_replaces_the_same_bucket) {
   ts_rng r = ts_rng_fresh("tuned put");
   mj_tuned_table t;
