@@ -876,6 +876,15 @@ Test(cache, parse_size_rejects_garbage) {
 
 /* ---- odd objects, other users, limits (2026-11-27 review) ---------------------- */
 
+/* Stores n random bytes under a fresh key; fills key and its entry's path. */
+static unsigned char *store_random(mj_cache *c, char key[33], char path[2048], size_t n) {
+  random_key(key);
+  unsigned char *p = random_bytes(n);
+  store_ok(c, key, p, n);
+  entry_path(key, path, 2048);
+  return p;
+}
+
 /* Runs fn in a child, as user `nobody` when the tests run as root (CI does):
  * permissions only bind an unprivileged user. Returns the child's exit code. */
 static int as_other_user(int (*fn)(void *), void *arg) {
@@ -895,10 +904,7 @@ Test(cache, fifo_with_an_entry_name_misses_without_blocking) {
   alarm(20); /* an open that blocks on the FIFO fails the test instead of hanging it */
   mj_cache *c = open_cache(0);
   char key[33], path[2048];
-  random_key(key);
-  unsigned char *p = random_bytes(400);
-  store_ok(c, key, p, 400);
-  entry_path(key, path, sizeof path);
+  unsigned char *p = store_random(c, key, path, 400);
   cr_assert_eq(unlink(path), 0);
   cr_assert_eq(mkfifo(path, 0644), 0, "mkfifo: %s", strerror(errno));
   size_t ok = 9, bad = 9;
@@ -928,10 +934,7 @@ Test(cache, fifo_with_an_entry_name_misses_without_blocking) {
 Test(cache, directory_with_an_entry_name_is_repaired) {
   mj_cache *c = open_cache(0);
   char key[33], path[2048];
-  random_key(key);
-  unsigned char *p = random_bytes(400);
-  store_ok(c, key, p, 400);
-  entry_path(key, path, sizeof path);
+  unsigned char *p = store_random(c, key, path, 400);
   cr_assert_eq(unlink(path), 0);
   cr_assert_eq(mkdir(path, 0755), 0);
   size_t ok = 9, bad = 9, removed = 0;
@@ -982,11 +985,8 @@ static int verify_unreadable_child(void *arg) {
 Test(cache, verify_keeps_entries_it_cannot_read) {
   mj_cache *c = open_cache(0);
   char key[33], path[2048];
-  random_key(key);
-  unsigned char *p = random_bytes(400);
-  store_ok(c, key, p, 400);
+  unsigned char *p = store_random(c, key, path, 400);
   mj_cache_close(c);
-  entry_path(key, path, sizeof path);
   cr_assert_eq(chmod(dir, 0755), 0);
   cr_assert_eq(chmod(path, geteuid() == 0 ? 0600 : 0000), 0); /* another user's, or none's */
   unreadable_case u = {dir, path};
@@ -1181,11 +1181,8 @@ Test(cache, truncated_cachedir_tag_is_repaired) {
 Test(cache, temp_names_must_match_exactly) {
   mj_cache *c = open_cache(0);
   char key[33], path[2048];
-  random_key(key);
-  unsigned char *p = random_bytes(100);
-  store_ok(c, key, p, 100);
+  unsigned char *p = store_random(c, key, path, 100);
   mj_cache_close(c);
-  entry_path(key, path, sizeof path);
   const char *odd[] = {".tmp.+12.ab", ".tmp. 12.ab", ".tmp.012.ab", ".tmp.-3.ab", ".tmp.12.AB"};
   for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
     char name[2100];
