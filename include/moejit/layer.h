@@ -272,7 +272,8 @@ MOEJIT_API moejit_status moejit_graph_end_capture(moejit_ctx *ctx, moejit_stream
 MOEJIT_API moejit_status moejit_graph_launch(moejit_ctx *ctx, moejit_graph *graph,
                                              moejit_stream stream);
 
-/* Frees a graph (replays already enqueued still complete). NULL: no-op. */
+/* Frees a graph (replays already enqueued still complete). NULL: no-op. A
+ * NULL ctx means the ctx that captured it, which must still exist. */
 MOEJIT_API void moejit_graph_destroy(moejit_ctx *ctx, moejit_graph *graph);
 
 #ifdef __cplusplus

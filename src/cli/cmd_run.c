@@ -70,9 +70,10 @@ static int parse_tokens(const char *text, run_args *a) {
   a->n_tokens = 0;
   while (*p) {
     char *end = NULL;
-    long long v = strtoll(p, &end, 10);
-    if (end == p || v < 1 || v > (1LL << 24) || (*end && *end != ',') ||
-        a->n_tokens == MAX_TOKEN_COUNTS) {
+    /* digits only: strtoll would also take " 5", "+5"; and no trailing comma */
+    long long v = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
+    if (!end || end == p || v < 1 || v > (1LL << 24) || (*end && *end != ',') ||
+        (*end == ',' && !end[1]) || a->n_tokens == MAX_TOKEN_COUNTS) {
       fprintf(stderr,
               "moejit: --tokens: '%s' is not a list of at most %d token counts in 1..%lld "
               "(e.g. 1,32,256)\n",

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -449,9 +450,11 @@ static int check_rc(const tune_check *check) {
 /* --check-only: the layer check of the table --out names, at the sweep's
  * token counts; no GEMM is timed alone. */
 static int check_only(const tune_args *a, const moejit_sweep *sweep) {
-  FILE *f = fopen(a->out, "rb");
-  if (!f) {
-    fprintf(stderr, "moejit: --check-only: cannot read the table %s\n", a->out);
+  struct stat sb;
+  FILE *f = stat(a->out, &sb) == 0 && S_ISREG(sb.st_mode) ? fopen(a->out, "rb") : NULL;
+  if (!f) { /* a directory opens for reading too */
+    fprintf(stderr, "moejit: --check-only: cannot read the table %s (not a readable file)\n",
+            a->out);
     return CLI_EXIT_FAILURE;
   }
   fclose(f);

@@ -60,6 +60,8 @@ moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_pr
   if (!ctx || !out)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_load_config: %s is NULL",
                    !ctx ? "ctx" : "out");
+  if (opts && opts->report) /* "filled as far as it got", also when the name resolves to nothing */
+    memset(opts->report, 0, sizeof *opts->report);
   moejit_spec spec;
   char origin[MOEJIT_PATH_MAX];
   moejit_status st = spec_from(config_or_preset, &spec, origin, sizeof origin);

@@ -26,6 +26,7 @@ typedef struct graph_api {
 struct moejit_graph {
   CUgraph graph;
   CUgraphExec exec;
+  moejit_ctx *ctx; /* the ctx that captured it: destroy uses it when given none */
 };
 
 static struct {
@@ -110,10 +111,11 @@ moejit_status moejit_graph_begin_capture(moejit_ctx *ctx, moejit_stream stream) 
   return st ? mj_ctx_fail(ctx, st) : MOEJIT_OK;
 }
 
-static moejit_status instantiate(const graph_api *a, CUgraph graph, moejit_graph **out) {
+static moejit_status instantiate(moejit_ctx *ctx, const graph_api *a, CUgraph graph,
+                                 moejit_graph **out) {
   moejit_graph *gr = calloc(1, sizeof *gr);
   if (!gr) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "moejit_graph_end_capture: out of memory");
-  gr->graph = graph;
+  gr->graph = graph, gr->ctx = ctx;
   moejit_status st =
       mj_cu_check(a->Instantiate(&gr->exec, graph, 0), "cuGraphInstantiateWithFlags");
   if (st) {
@@ -138,7 +140,7 @@ moejit_status moejit_graph_end_capture(moejit_ctx *ctx, moejit_stream stream, mo
   st = mj_cu_check(a->EndCapture(stream, &graph), "cuStreamEndCapture");
   if (st == MOEJIT_OK && !graph)
     st = mj_fail(MOEJIT_ERR_CUDA, "cuStreamEndCapture returned no graph");
-  if (st == MOEJIT_OK && (st = instantiate(a, graph, out))) (void)a->Destroy(graph);
+  if (st == MOEJIT_OK && (st = instantiate(ctx, a, graph, out))) (void)a->Destroy(graph);
   mj_ctx_leave(ctx);
   return st ? mj_ctx_fail(ctx, st) : MOEJIT_OK;
 }
@@ -158,6 +160,7 @@ moejit_status moejit_graph_launch(moejit_ctx *ctx, moejit_graph *graph, moejit_s
 
 void moejit_graph_destroy(moejit_ctx *ctx, moejit_graph *graph) {
   const graph_api *a;
+  if (graph && !ctx) ctx = graph->ctx; /* the driver's objects are freed all the same */
   if (!graph || !ctx || graph_api_get(ctx, &a) != MOEJIT_OK) {
     free(graph);
     return;

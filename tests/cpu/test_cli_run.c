@@ -96,15 +96,18 @@ Test(cli_run, usage_errors_exit_2) {
   const char *tiny_ceiling[] = {"run", "--ceilings", "1e-310,3", NULL};
   const char *hex_ceiling[] = {"run", "--ceilings", "0x10,3", NULL};
   const char *empty_dir[] = {"run", "--cache-dir", "", NULL};
+  const char *comma_tokens[] = {"run", "--tokens", "1,", NULL};
+  const char *plus_tokens[] = {"run", "--tokens", "+5", NULL};
+  const char *space_tokens[] = {"run", "--tokens", "1, 5", NULL};
   const char *bad_flush[] = {"run", "--flush", "cold", NULL};
   const char *flush_ep[] = {"run", "--flush", "plain", "--ep", "2", NULL};
   const char *vs_ep[] = {"run", "--vs-heuristic", "--ep", "2", NULL};
   const char *table_ep[] = {"run", "--tuned-table", "t.yaml", "--ep", "2", NULL};
   const char *table_none[] = {"run", "--tuned-table", NULL};
-  const char *const *cases[] = {bad_tokens,  zero_tokens,  bad_iters,   unknown,      two_configs,
-                                one_ceiling, zero_ceiling, bad_ceiling, huge_ceiling, bad_flush,
-                                flush_ep,    vs_ep,        table_ep,    table_none,   tiny_ceiling,
-                                hex_ceiling, empty_dir};
+  const char *const *cases[] = {
+      bad_tokens,   zero_tokens,  bad_iters, unknown,      two_configs, one_ceiling, zero_ceiling,
+      bad_ceiling,  huge_ceiling, bad_flush, flush_ep,     vs_ep,       table_ep,    table_none,
+      tiny_ceiling, hex_ceiling,  empty_dir, comma_tokens, plus_tokens, space_tokens};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);

@@ -181,6 +181,10 @@ Test(cli_tune, options) {
                1);
   cr_assert(strstr(err, "cannot read the table /nonexistent/t.yaml"), "%s", err);
   free(err);
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--out", tmp, "--model", "olmoe-1b-7b"), 1,
+               "a directory is no table");
+  cr_assert(strstr(err, "cannot read the table"), "%s", err);
+  free(err);
   char *t = ts_write_file(tmp, "t.yaml", "device: X\nentries: []\n");
   cr_assert_eq(TUNE(NULL, &err, SMOKE, "--check-only", "--out", t, "--model", "olmoe-1b-7b"), 1);
   cr_assert(strstr(err, "needs a GPU") && strstr(err, "libcuda"), "%s", err);
