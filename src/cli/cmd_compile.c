@@ -193,14 +193,24 @@ int cli_compile(int argc, char **argv) {
     print_json(&spec, dir, reports, n, total, jobs, st);
   else
     print_table(&spec, dir, reports, n, total, jobs);
-  moejit_compiler_destroy(comp);
   if (st) {
+    /* each failing kernel's first lines, then the first one's whole log
+     * (a report holds its first 511 bytes) */
     fprintf(stderr, "moejit: compile failed: %s\n", moejit_status_str(st));
+    size_t first = n;
     for (size_t i = 0; i < n; i++)
-      if (reports[i].status) fprintf(stderr, "%s\n", reports[i].message);
+      if (reports[i].status) {
+        if (first == n) first = i;
+        fprintf(stderr, "%s\n", reports[i].message);
+      }
+    const char *log = moejit_last_error();
+    if (first < n && strlen(log) > strlen(reports[first].message))
+      fprintf(stderr, "--- the whole log of kernel '%s':\n%s\n", reports[first].kernel, log);
+  }
+  moejit_compiler_destroy(comp);
+  if (st)
     return st == MOEJIT_ERR_INVALID_ARGUMENT || st == MOEJIT_ERR_CONFIG ? CLI_EXIT_USAGE
                                                                         : CLI_EXIT_FAILURE;
-  }
   return CLI_EXIT_OK;
 }
 

@@ -11,7 +11,13 @@
 static _Thread_local char mj_last_error_buf[MJ_ERROR_CAP];
 
 moejit_status mj_vfail(moejit_status status, const char *fmt, va_list ap) {
-  vsnprintf(mj_last_error_buf, sizeof mj_last_error_buf, fmt, ap);
+  const int n = vsnprintf(mj_last_error_buf, sizeof mj_last_error_buf, fmt, ap);
+  if (n >= MJ_ERROR_CAP) { /* say so, rather than end mid-line (a long NVRTC log) */
+    enum { NOTE = 64 };
+    const int kept = MJ_ERROR_CAP - 1 - NOTE;
+    snprintf(mj_last_error_buf + kept, NOTE + 1, "\n[... %d more bytes of this message not kept]",
+             n - kept);
+  }
   return status;
 }
 

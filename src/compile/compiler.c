@@ -24,7 +24,14 @@ typedef struct mem_entry {
   void *cubin;
   size_t len;
   struct mem_entry *next;
+  /* the disk caches that hold it (it was read from or stored to them), so
+   * that a hit in memory still lands in a request's other cache once; past
+   * MJ_ENTRY_HOMES caches it is stored at every such hit (guarded by the
+   * compiler's lock) */
+  const mj_cache *homes[4];
+  int n_homes;
 } mem_entry;
+#define MJ_ENTRY_HOMES 4
 
 /* A request already answered: (canonical spec, family, arch, entry set) ->
  * cache key, for the embedded templates only (they cannot change while the
@@ -157,6 +164,18 @@ static mem_entry *mem_insert(moejit_compiler *c, const char *key, void *cubin, s
   free(cubin);
   if (!e) mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "out of memory keeping a compiled kernel");
   return e;
+}
+
+/* 1 the first time `cache` is named for e (the caller then stores e
+ * there), 0 once e is known to be in it. */
+static int mem_first_in(moejit_compiler *c, const mem_entry *e, const mj_cache *cache) {
+  mem_entry *m = (mem_entry *)e; /* the compiler's own entry */
+  int first = 1;
+  pthread_mutex_lock(&c->lock);
+  for (int i = 0; i < m->n_homes && first; i++) first = m->homes[i] != cache;
+  if (first && m->n_homes < MJ_ENTRY_HOMES) m->homes[m->n_homes++] = cache;
+  pthread_mutex_unlock(&c->lock);
+  return first;
 }
 
 static const mem_entry *mem_lookup(moejit_compiler *c, const char *key) {
@@ -368,13 +387,12 @@ static void emit_failed_source(const char *dir, const mj_kernel_source *ks) {
   free(msg);
 }
 
-static void store_in_cache(const cache_choice *cc, const moejit_spec *spec,
-                           const mj_kernel_source *ks, const mem_entry *e,
-                           moejit_kernel_report *r) {
+static void store_in_cache(const cache_choice *cc, const moejit_spec *spec, const char *family,
+                           const char *arch, const mem_entry *e, moejit_kernel_report *r) {
   mj_cache_meta meta;
   memset(&meta, 0, sizeof meta);
-  mj_strlcpy(meta.kernel, ks->family, sizeof meta.kernel);
-  mj_strlcpy(meta.arch, ks->arch, sizeof meta.arch);
+  mj_strlcpy(meta.kernel, family, sizeof meta.kernel);
+  mj_strlcpy(meta.arch, arch, sizeof meta.arch);
   mj_spec_summary(spec, meta.summary, sizeof meta.summary);
   if (mj_cache_store(cc->cache, e->key, &meta, e->cubin, e->len) != MOEJIT_OK) {
     char w[512];
@@ -394,7 +412,8 @@ static moejit_status compile_fresh(moejit_compiler *c, const moejit_spec *spec,
   moejit_status s = mj_nvrtc_compile(ks, &o, emit ? &ptx : NULL, &ptx_len, &cubin, &len);
   if (s == MOEJIT_ERR_COMPILE && emit) emit_failed_source(c->emit_dir, ks);
   if (!s && !(job->entry = mem_insert(c, key, cubin, len))) s = MOEJIT_ERR_OUT_OF_MEMORY;
-  if (!s && cc->cache) store_in_cache(cc, spec, ks, job->entry, &job->report);
+  if (!s && cc->cache && mem_first_in(c, job->entry, cc->cache))
+    store_in_cache(cc, spec, ks->family, ks->arch, job->entry, &job->report);
   if (!s && emit) s = emit_files(c->emit_dir, ks, ptx, ptx_len, job->entry);
   free(ptx);
   return s;
@@ -408,6 +427,7 @@ static int lookup_cached(moejit_compiler *c, const char *key, const cache_choice
   size_t len = 0;
   if (!cc->cache || mj_cache_load(cc->cache, key, &data, &len) != MOEJIT_OK) return 0;
   job->entry = mem_insert(c, key, data, len);
+  if (job->entry) mem_first_in(c, job->entry, cc->cache); /* read from it: it is there */
   return job->entry != NULL;
 }
 
@@ -435,6 +455,8 @@ static moejit_status build_kernel(moejit_compiler *c, const moejit_spec *spec,
   if (memo && (job->entry = memo_lookup(c, id, r->key))) {
     r->cache_hit = 1;
     r->cubin_bytes = job->entry->len;
+    if (cc->cache && mem_first_in(c, job->entry, cc->cache)) /* compiled for another cache */
+      store_in_cache(cc, spec, job->family, job->arch, job->entry, r);
     return MOEJIT_OK;
   }
   mj_kernel_source ks;
@@ -445,6 +467,8 @@ static moejit_status build_kernel(moejit_compiler *c, const moejit_spec *spec,
   kernel_key(c, &ks, r->key);
   if (!(force_emit && emit) && lookup_cached(c, r->key, cc, job)) {
     r->cache_hit = 1;
+    if (cc->cache && mem_first_in(c, job->entry, cc->cache)) /* in memory, not yet in it */
+      store_in_cache(cc, spec, job->family, job->arch, job->entry, r);
   } else {
     s = compile_fresh(c, spec, &ks, r->key, emit, cc, job);
   }

@@ -912,3 +912,25 @@ Test(config_load, gemm_schedule_round_trips) {
     cr_assert_eq(back.gemm2.schedule, spec.gemm2.schedule, "%s", yaml);
   }
 }
+
+/* A message longer than the last-error buffer (a long NVRTC log) ends with
+ * a line saying how much was not kept, never mid-line without a word. */
+Test(errors, an_overlong_message_says_it_was_cut) {
+  const size_t n = 40000;
+  char *text = malloc(n + 1);
+  cr_assert_not_null(text);
+  memset(text, 'x', n);
+  text[n] = '\0';
+  cr_assert_eq(mj_fail(MOEJIT_ERR_COMPILE, "log:\n%s", text), MOEJIT_ERR_COMPILE);
+  const char *msg = moejit_last_error();
+  const size_t len = strlen(msg);
+  cr_assert_lt(len, 16384);
+  cr_assert(strstr(msg, "more bytes of this message not kept]"), "%s", msg + len - 80);
+  const char *note = strstr(msg, "\n[... ");
+  cr_assert_not_null(note);
+  cr_assert_eq(atol(note + 6), (long)(n + 5 - (size_t)(note - msg)),
+               "the count is what was cut: %s", note);
+  free(text);
+  cr_assert_eq(mj_fail(MOEJIT_ERR_COMPILE, "short"), MOEJIT_ERR_COMPILE);
+  cr_assert_str_eq(moejit_last_error(), "short");
+}
