@@ -251,7 +251,10 @@ static int gen_seen(const gen_state *g, const char *name) {
 }
 
 /* Parses a line `  #  include "name"`; 1 with the name copied if it is a
- * quoted include (angle includes are CUDA's own and pass through). */
+ * quoted include (angle includes are CUDA's own and pass through), -1 for a
+ * quoted include whose name is empty or does not fit `cap` (passed through,
+ * NVRTC would read it from wherever the process runs, outside the cache
+ * key). */
 static int parse_quoted_include(const char *line, size_t len, char *name, size_t cap) {
   const char *p = line, *end = line + len;
   while (p < end && (*p == ' ' || *p == '\t')) p++;
@@ -262,7 +265,8 @@ static int parse_quoted_include(const char *line, size_t len, char *name, size_t
   while (p < end && (*p == ' ' || *p == '\t')) p++;
   if (p == end || *p++ != '"') return 0;
   const char *q = memchr(p, '"', (size_t)(end - p));
-  if (!q || (size_t)(q - p) + 1 > cap || q == p) return 0;
+  if (!q) return 0;
+  if ((size_t)(q - p) + 1 > cap || q == p) return -1;
   memcpy(name, p, (size_t)(q - p));
   name[q - p] = '\0';
   return 1;
@@ -320,6 +324,14 @@ static moejit_status emit_file(gen_state *g, const char *name, int depth) {
   tpl_text t;
   moejit_status s = tpl_load(g->dir, name, &t);
   if (s) return s;
+  const char *nul = memchr(t.text, '\0', t.len);
+  if (nul) { /* NVRTC would stop reading there, and build a kernel of half the source */
+    s = mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                "template %s holds a NUL byte at offset %zu; HINT: templates are text", name,
+                (size_t)(nul - t.text));
+    free(t.owned);
+    return s;
+  }
   mj_strlcpy(g->inlined[g->n_inlined++], name, sizeof g->inlined[0]);
   mj_buf_printf(&g->out, "#line 1 \"%s\"\n", name);
   const char *p = t.text, *end = t.text + t.len;
@@ -327,7 +339,13 @@ static moejit_status emit_file(gen_state *g, const char *name, int depth) {
   for (int line_no = 1; p < end && !s; line_no++) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
     size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
-    if (parse_quoted_include(p, len, inc, sizeof inc)) {
+    const int quoted = parse_quoted_include(p, len, inc, sizeof inc);
+    if (quoted < 0) {
+      s = mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                  "%s(%d): an #include \"...\" name must be 1 to %zu bytes; HINT: templates "
+                  "include their own files by short relative names (\"common/NAME.cuh\")",
+                  name, line_no, sizeof inc - 1);
+    } else if (quoted) {
       s = emit_include(g, name, line_no, inc, p, len, depth);
     } else if (is_pragma_once(p, len)) {
       mj_buf_printf(&g->out, "// %.*s (not needed: each file is inlined once)\n", (int)len, p);

@@ -465,6 +465,35 @@ Test(codegen, include_cannot_leave_the_template_dir) {
   cs_random_spec(&r, &s);
   mj_kernel_source ks;
   cr_assert_eq(mj_codegen(&s, "route", "sm_90a", tmp, &ks), MOEJIT_ERR_NOT_FOUND);
+  /* nor by a name too long for the inliner, which NVRTC would then read
+   * from the working directory, outside the cache key */
+  char line[400];
+  snprintf(line, sizeof line, "\n#include \"/tmp/%0200d.cuh\"\n", 0);
+  write_template(tmp, "route.cu", line);
+  cr_assert_eq(mj_codegen(&s, "route", "sm_90a", tmp, &ks), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "route.cu(2)") &&
+                strstr(moejit_last_error(), "name must be 1 to 95 bytes"),
+            "%s", moejit_last_error());
+  write_template(tmp, "route.cu", "#include \"\"\n");
+  cr_assert_eq(mj_codegen(&s, "route", "sm_90a", tmp, &ks), MOEJIT_ERR_UNSUPPORTED);
+}
+
+/* A NUL byte would end NVRTC's reading of the source there (a kernel
+ * found by the entry scan past it, compiled to nothing): refused. */
+Test(codegen, nul_byte_in_a_template_is_refused) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/route.cu", tmp);
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f);
+  static const char text[] = "// a comment\0 hidden\nextern \"C\" __global__ void k(int *x) {}\n";
+  fwrite(text, 1, sizeof text - 1, f);
+  fclose(f);
+  moejit_spec s;
+  ts_rng r = ts_rng_fresh("nul");
+  cs_random_spec(&r, &s);
+  mj_kernel_source ks;
+  cr_assert_eq(mj_codegen(&s, "route", "sm_90a", tmp, &ks), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "NUL byte at offset 12"), "%s", moejit_last_error());
 }
 
 Test(codegen, override_dir_has_no_fallback) {
