@@ -24,6 +24,11 @@ moejit_status mj_nvrtc_compile(const mj_kernel_source *ks, const mj_compile_opts
 /* The CUDA include dir for NVRTC: $CUDA_HOME/include, $CUDA_PATH/include,
  * then the build-time directories. NULL if none holds cuda_bf16.h. */
 const char *mj_cuda_include_dir(void);
+/* 16 hex digits of XXH3-64 over the CUDA headers every generated source
+ * includes (cuda_fp16.h/.hpp, cuda_bf16.h/.hpp in mj_cuda_include_dir),
+ * computed once per process; "none" where no directory holds them. Part of
+ * every cache key: a cubin built against other headers is another cubin. */
+const char *mj_cuda_headers_digest(void);
 /* Every directory passed to NVRTC as -I (the one above plus companions such
  * as include/cccl or the build's second directory). Returns the count
  * written to dirs (at most cap); 0 when none was found. */

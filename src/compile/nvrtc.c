@@ -12,6 +12,9 @@
 #include "compile/compile.h"
 #include "config/config.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #ifndef MOEJIT_CUDA_INCLUDE_DIRS
 #define MOEJIT_CUDA_INCLUDE_DIRS ""
 #endif
@@ -116,6 +119,36 @@ const char *mj_cuda_include_dir(void) {
 
 int mj_cuda_include_dirs(const char **dirs, int cap) {
   return include_dirs(dirs, cap);
+}
+
+static pthread_once_t g_digest_once = PTHREAD_ONCE_INIT;
+static char g_digest[17] = "none";
+
+static void digest_headers(void) {
+  const char *dir = mj_cuda_include_dir();
+  if (!dir) return;
+  static const char *const names[] = {"cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h",
+                                      "cuda_bf16.hpp"};
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    char path[MOEJIT_PATH_MAX + 32], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    XXH3_64bits_update(&st, names[i], strlen(names[i]) + 1);
+    if (mj_read_file(path, &text, &len) == MOEJIT_OK) { /* absent: only its name counts */
+      XXH3_64bits_update(&st, &len, sizeof len);
+      XXH3_64bits_update(&st, text, len);
+      free(text);
+    }
+  }
+  mj_clear_error();
+  snprintf(g_digest, sizeof g_digest, "%016llx", (unsigned long long)XXH3_64bits_digest(&st));
+}
+
+const char *mj_cuda_headers_digest(void) {
+  pthread_once(&g_digest_once, digest_headers);
+  return g_digest;
 }
 
 /* ------------------------------------------------------------------------ */

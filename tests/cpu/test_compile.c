@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "codegen/codegen.h"
 #include "codegen_support.h"
@@ -114,6 +116,75 @@ Test(compile, cuda_home_wins_and_a_bad_one_falls_back) {
   const char *dir = mj_cuda_include_dir();
   cr_assert_not_null(dir);
   cr_assert_str_eq(dir, "/usr/local/cuda/include");
+}
+
+/* In a child (the header search runs once per process): with CUDA_HOME
+ * set to `home` (NULL: the default search), the headers' digest and the
+ * key moejit_compile reports for the first kernel. */
+static void digest_and_key(const moejit_spec *s, const char *home, char digest[17], char key[33],
+                           char dir[1024]) {
+  int fd[2];
+  cr_assert_eq(pipe(fd), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    close(fd[0]);
+    if (home)
+      setenv("CUDA_HOME", home, 1);
+    else
+      unsetenv("CUDA_HOME");
+    unsetenv("CUDA_PATH");
+    char out[17 + 33 + 1024] = {0};
+    snprintf(out, 17, "%s", mj_cuda_headers_digest());
+    const char *found = mj_cuda_include_dir();
+    snprintf(out + 50, 1024, "%s", found ? found : "");
+    moejit_compiler *c = new_compiler(NULL, GOOD, NULL, 1);
+    moejit_kernel_report r[N_FAMILIES];
+    size_t n = 0;
+    moejit_compile(c, s, "sm_90a", r, N_FAMILIES, &n);
+    if (n) memcpy(out + 17, r[0].key, 33);
+    moejit_compiler_destroy(c);
+    _exit(write(fd[1], out, sizeof out) == (ssize_t)sizeof out ? 0 : 1);
+  }
+  close(fd[1]);
+  char in[17 + 33 + 1024];
+  cr_assert_eq(read(fd[0], in, sizeof in), (ssize_t)sizeof in);
+  close(fd[0]);
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  memcpy(digest, in, 17);
+  memcpy(key, in + 17, 33);
+  memcpy(dir, in + 50, 1024);
+}
+
+/* The CUDA headers NVRTC reads are in the cache key by content: another
+ * toolkit's headers (same NVRTC) make another key, the same headers found
+ * elsewhere the same key. */
+Test(compile, cache_key_follows_the_cuda_headers) {
+  char base_digest[17], base_key[33], same_digest[17], same_key[33], edit_digest[17], edit_key[33];
+  const moejit_spec s = random_spec("headers_key"); /* one spec for every child */
+  char real[1024], other[1024];
+  digest_and_key(&s, NULL, base_digest, base_key, real);
+  cr_assert_neq(strcmp(base_digest, "none"), 0, "no CUDA headers found here");
+  cr_assert_eq(strlen(base_key), 32);
+  char cmd[4096];
+  snprintf(
+      cmd, sizeof cmd,
+      "set -e; real='%s'; for d in same edit; do mkdir -p %s/$d/include; for f in \"$real\"/*; do "
+      "ln -s \"$f\" %s/$d/include/; done; done;"
+      "rm %s/edit/include/cuda_bf16.h; cp \"$real/cuda_bf16.h\" %s/edit/include/;"
+      "echo '// another build of these headers' >> %s/edit/include/cuda_bf16.h",
+      real, tmp, tmp, tmp, tmp, tmp);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  char same[1100], edit[1100];
+  snprintf(same, sizeof same, "%s/same", tmp);
+  snprintf(edit, sizeof edit, "%s/edit", tmp);
+  digest_and_key(&s, same, same_digest, same_key, other);
+  digest_and_key(&s, edit, edit_digest, edit_key, other);
+  cr_expect_str_eq(same_digest, base_digest, "the same headers elsewhere");
+  cr_expect_str_eq(same_key, base_key);
+  cr_expect_str_neq(edit_digest, base_digest, "edited headers");
+  cr_expect_str_neq(edit_key, base_key, "a cubin of other headers would be served");
 }
 
 Test(compile, no_headers_anywhere_is_a_compile_error_with_hint) {
