@@ -1,6 +1,7 @@
 /* The cache handle: opening a cache directory, loading entries (a bad entry
  * is a counted miss) and storing them atomically (temp file + rename). */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,13 +32,28 @@ static const char cachedir_tag[] =
 
 /* ---- configuration ---------------------------------------------------------- */
 
+moejit_status mj_cache_dir_printf(char *buf, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = vsnprintf(buf, cap, fmt, ap);
+  va_end(ap);
+  if (n >= 0 && (size_t)n < cap) return MOEJIT_OK;
+  if (cap < MOEJIT_PATH_MAX) /* the caller's buffer, not the path, is short */
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "text too long for a %zu-byte buffer", cap);
+  return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                 "the cache directory's path is longer than the %d bytes this build supports; "
+                 "HINT: use a shorter path (--cache-dir, MOEJIT_CACHE_DIR or the config's "
+                 "cache.dir)",
+                 MOEJIT_PATH_MAX - 1);
+}
+
 moejit_status mj_cache_default_dir(char *buf, size_t cap) {
   const char *v = getenv("MOEJIT_CACHE_DIR");
-  if (v && *v) return mj_snprintf(buf, cap, "%s", v);
+  if (v && *v) return mj_cache_dir_printf(buf, cap, "%s", v);
   v = getenv("XDG_CACHE_HOME");
-  if (v && v[0] == '/') return mj_snprintf(buf, cap, "%s/moejit", v); /* XDG: absolute only */
+  if (v && v[0] == '/') return mj_cache_dir_printf(buf, cap, "%s/moejit", v); /* absolute only */
   v = getenv("HOME");
-  if (v && *v) return mj_snprintf(buf, cap, "%s/.cache/moejit", v);
+  if (v && *v) return mj_cache_dir_printf(buf, cap, "%s/.cache/moejit", v);
   return mj_fail(MOEJIT_ERR_CACHE,
                  "no cache directory: none of MOEJIT_CACHE_DIR, XDG_CACHE_HOME, HOME is set; "
                  "HINT: set MOEJIT_CACHE_DIR to a writable directory");
@@ -61,13 +77,9 @@ static moejit_status fault_from_env(int *fault, int *stall_ms) {
 
 /* Trailing slashes would make "a/" and "a" look like different caches. */
 static moejit_status set_root(mj_cache *c, const char *dir) {
-  moejit_status st = dir && *dir ? mj_snprintf(c->root, sizeof c->root, "%s", dir)
+  moejit_status st = dir && *dir ? mj_cache_dir_printf(c->root, sizeof c->root, "%s", dir)
                                  : mj_cache_default_dir(c->root, sizeof c->root);
-  if (st == MOEJIT_ERR_INVALID_ARGUMENT)
-    return mj_fail(MOEJIT_ERR_CACHE,
-                   "the cache directory's path is longer than the %d bytes this build supports; "
-                   "HINT: set MOEJIT_CACHE_DIR to a shorter path",
-                   MOEJIT_PATH_MAX - 1);
+  if (st == MOEJIT_ERR_INVALID_ARGUMENT) return MOEJIT_ERR_CACHE; /* too long: said why */
   if (st != MOEJIT_OK) return st;
   for (size_t n = strlen(c->root); n > 1 && c->root[n - 1] == '/'; n--) c->root[n - 1] = '\0';
   return MOEJIT_OK;
@@ -92,7 +104,7 @@ static int cachedir_tag_ok(const char *path) {
 static void write_cachedir_tag(const char *root) {
   char path[MOEJIT_PATH_MAX + 16], tmp[MOEJIT_PATH_MAX + 48];
   if (snprintf(path, sizeof path, "%s/CACHEDIR.TAG", root) >= (int)sizeof path) return;
-  if (access(path, F_OK) == 0 && cachedir_tag_ok(path)) return;
+  if (cachedir_tag_ok(path)) return; /* whole, or there and unreadable */
   if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) return;
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return;

@@ -53,6 +53,11 @@ void mj_cache_get_counters(mj_cache *c, mj_cache_counters *out);
 /* Resolve the default directory: $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit,
  * ~/.cache/moejit. */
 moejit_status mj_cache_default_dir(char *buf, size_t cap);
+/* mj_snprintf for a cache directory's path: one longer than MOEJIT_PATH_MAX
+ * allows is INVALID_ARGUMENT saying so, with a hint (a buffer shorter than
+ * MOEJIT_PATH_MAX gets mj_snprintf's message). */
+moejit_status mj_cache_dir_printf(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- Fault injection (tests; CI runs as root, so permissions cannot
  * simulate a read-only cache). mj_cache_open also reads
@@ -139,7 +144,7 @@ moejit_status mj_cache_evict_lru(const char *root, uint64_t max_bytes, size_t *n
  * since it was read (the inode in head differs). 0 on success or already
  * gone, -1 with errno. */
 int mj_cache_remove_damaged(const char *path, const mj_cache_entry_head *head);
-/* unlink, or rmdir for an (empty) directory; 0 also when already gone,
+/* unlink, or rmdir for an (empty) directory: 1 removed, 0 already gone,
  * -1 with errno. */
 int mj_cache_unlink_any(const char *path);
 /* 1 if a temp file is a leftover: older than max_age_s or, when check_pid,

@@ -15,14 +15,7 @@
 moejit_status moejit_cache_resolve_dir(const char *dir, char *buf, size_t cap) {
   if (!buf || cap == 0)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_cache_resolve_dir: no output buffer");
-  moejit_status st =
-      dir && *dir ? mj_snprintf(buf, cap, "%s", dir) : mj_cache_default_dir(buf, cap);
-  if (st == MOEJIT_ERR_INVALID_ARGUMENT && cap >= MOEJIT_PATH_MAX)
-    return mj_fail(st,
-                   "the cache directory's path is longer than the %d bytes this build "
-                   "supports; HINT: use a shorter path (--cache-dir or MOEJIT_CACHE_DIR)",
-                   MOEJIT_PATH_MAX - 1);
-  return st;
+  return dir && *dir ? mj_cache_dir_printf(buf, cap, "%s", dir) : mj_cache_default_dir(buf, cap);
 }
 
 static int64_t now_ns(void) {
@@ -45,10 +38,9 @@ static moejit_status remove_file(const char *root, const mj_cache_file *f, int *
   *removed = 0;
   moejit_status st = mj_cache_file_path(root, f, path, sizeof path);
   if (st != MOEJIT_OK) return st;
-  if (access(path, F_OK) != 0 && errno == ENOENT) return MOEJIT_OK;
-  if (mj_cache_unlink_any(path) == 0)
-    *removed = 1;
-  else
+  const int rc = mj_cache_unlink_any(path);
+  *removed = rc == 1;
+  if (rc < 0)
     return mj_fail(MOEJIT_ERR_CACHE,
                    "cannot remove '%s': %s; HINT: check the directory's "
                    "permissions",

@@ -219,13 +219,13 @@ int mj_cache_remove_damaged(const char *path, const mj_cache_entry_head *head) {
   if (lstat(path, &sb) != 0) return errno == ENOENT ? 0 : -1;
   if (head->ino && ((uint64_t)sb.st_ino != head->ino || (uint64_t)sb.st_dev != head->dev))
     return 0; /* replaced by a fresh entry since it was read */
-  return mj_cache_unlink_any(path);
+  return mj_cache_unlink_any(path) < 0 ? -1 : 0;
 }
 
 int mj_cache_unlink_any(const char *path) {
   struct stat sb;
   if (lstat(path, &sb) != 0) return errno == ENOENT ? 0 : -1;
   /* A directory under an entry's name is removed only while empty. */
-  int rc = S_ISDIR(sb.st_mode) ? rmdir(path) : unlink(path);
-  return rc == 0 || errno == ENOENT ? 0 : -1;
+  if ((S_ISDIR(sb.st_mode) ? rmdir(path) : unlink(path)) == 0) return 1;
+  return errno == ENOENT ? 0 : -1;
 }

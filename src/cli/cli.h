@@ -38,6 +38,11 @@ int cli_exit_code(moejit_status st);
  * arch (clusters need sm_90). Prints the reason; 0 or CLI_EXIT_USAGE. */
 int cli_check_arch(const moejit_spec *spec, const char *arch);
 
+/* What moejit_model_load_config takes for `--preset NAME` ("preset:NAME",
+ * never a file of that name in the working directory, written into buf)
+ * or for a CONFIG argument (itself). */
+const char *cli_model_name(const char *preset, const char *config, char *buf, size_t cap);
+
 /* JSON string with escapes. */
 void cli_json_str(FILE *f, const char *s);
 /* {"kernels":N,"cache_hits":...,"configs":[...]} of a load report, no newline. */

@@ -79,6 +79,12 @@ int cli_check_arch(const moejit_spec *spec, const char *arch) {
   return CLI_EXIT_USAGE;
 }
 
+const char *cli_model_name(const char *preset, const char *config, char *buf, size_t cap) {
+  if (!preset) return config;
+  snprintf(buf, cap, "preset:%s", preset);
+  return buf;
+}
+
 static int is_preset(const char *name) {
   for (const char *const *p = moejit_preset_names(); *p; p++)
     if (!strcmp(*p, name)) return 1;

@@ -81,9 +81,8 @@ static moejit_status get_id(const ep_rank *r, moejit_nccl_id *id) {
 }
 
 static moejit_status load(ep_rank *r) {
-  char preset[MOEJIT_NAME_MAX + 8]; /* --preset: never a file of that name in the cwd */
-  if (r->a->preset) snprintf(preset, sizeof preset, "preset:%s", r->a->preset);
-  const char *what = r->a->preset ? preset : r->a->config;
+  char name[MOEJIT_NAME_MAX + 8];
+  const char *what = cli_model_name(r->a->preset, r->a->config, name, sizeof name);
   int devices = 0;
   TRY(moejit_device_count(&devices));
   moejit_ctx_opts co;

@@ -78,9 +78,9 @@ static moejit_status make_ctx(const gpu_state *g, moejit_ctx **ctx) {
 static moejit_status load_one(const gpu_state *g, moejit_ctx *ctx, const moejit_load_opts *o,
                               moejit_model **m) {
   if (g->a->result) return moejit_model_load_spec(ctx, g->s, o, m);
-  char preset[MOEJIT_NAME_MAX + 8]; /* --preset: never a file of that name in the cwd */
-  if (g->a->preset) snprintf(preset, sizeof preset, "preset:%s", g->a->preset);
-  return moejit_model_load_config(ctx, g->a->preset ? preset : g->a->config, o, m);
+  char name[MOEJIT_NAME_MAX + 8];
+  return moejit_model_load_config(
+      ctx, cli_model_name(g->a->preset, g->a->config, name, sizeof name), o, m);
 }
 
 /* The first load compiles or reads the disk cache; the second, in a fresh

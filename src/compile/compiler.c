@@ -28,10 +28,10 @@ typedef struct mem_entry {
    * that a hit in memory still lands in a request's other cache once; past
    * MJ_ENTRY_HOMES caches it is stored at every such hit (guarded by the
    * compiler's lock) */
-  const mj_cache *homes[4];
+#define MJ_ENTRY_HOMES 4
+  const mj_cache *homes[MJ_ENTRY_HOMES];
   int n_homes;
 } mem_entry;
-#define MJ_ENTRY_HOMES 4
 
 /* A request already answered: (canonical spec, family, arch, entry set) ->
  * cache key, for the embedded templates only (they cannot change while the
@@ -261,9 +261,9 @@ static int cache_disabled(const moejit_compiler *c) {
 static moejit_status cache_dir_for(const moejit_compiler *c, const moejit_spec *spec, char *buf,
                                    size_t cap) {
   const char *v;
-  if (c->cache_dir) return mj_snprintf(buf, cap, "%s", c->cache_dir);
-  if (env_set("MOEJIT_CACHE_DIR", &v)) return mj_snprintf(buf, cap, "%s", v);
-  if (spec && spec->cache_dir[0]) return mj_snprintf(buf, cap, "%s", spec->cache_dir);
+  if (c->cache_dir) return mj_cache_dir_printf(buf, cap, "%s", c->cache_dir);
+  if (env_set("MOEJIT_CACHE_DIR", &v)) return mj_cache_dir_printf(buf, cap, "%s", v);
+  if (spec && spec->cache_dir[0]) return mj_cache_dir_printf(buf, cap, "%s", spec->cache_dir);
   /* The rest as `moejit cache` and the maintenance calls resolve it
    * (XDG_CACHE_HOME only if absolute, as the XDG spec asks). */
   moejit_status s = mj_cache_default_dir(buf, cap);
@@ -317,17 +317,9 @@ static moejit_status cache_resolve(moejit_compiler *c, const moejit_spec *spec, 
   if (s) return s;
   /* Like a cache that cannot be opened, a directory that cannot be named
    * is a warning: the kernels stay in memory. */
-  s = cache_dir_for(c, spec, out->dir, sizeof out->dir);
-  if (s == MOEJIT_ERR_INVALID_ARGUMENT)
-    snprintf(out->warning, sizeof out->warning,
-             "cache unusable, kernels kept in memory only: the cache directory's path is "
-             "longer than the %d bytes this build supports; HINT: set MOEJIT_CACHE_DIR to a "
-             "shorter path",
-             MOEJIT_PATH_MAX - 1);
-  else if (s)
+  if ((s = cache_dir_for(c, spec, out->dir, sizeof out->dir))) {
     snprintf(out->warning, sizeof out->warning, "cache unusable, kernels kept in memory only: %s",
              moejit_last_error());
-  if (s) {
     out->dir[0] = '\0';
     return MOEJIT_OK;
   }
@@ -401,6 +393,14 @@ static void store_in_cache(const cache_choice *cc, const moejit_spec *spec, cons
   }
 }
 
+/* Stores e in the request's cache unless it is known to be there already
+ * (read from it, or stored by an earlier request). */
+static void store_once(moejit_compiler *c, const cache_choice *cc, const moejit_spec *spec,
+                       const char *family, const char *arch, const mem_entry *e,
+                       moejit_kernel_report *r) {
+  if (cc->cache && mem_first_in(c, e, cc->cache)) store_in_cache(cc, spec, family, arch, e, r);
+}
+
 /* Runs NVRTC and keeps the result; with emit, also writes the files. */
 static moejit_status compile_fresh(moejit_compiler *c, const moejit_spec *spec,
                                    const mj_kernel_source *ks, const char *key, int emit,
@@ -412,8 +412,7 @@ static moejit_status compile_fresh(moejit_compiler *c, const moejit_spec *spec,
   moejit_status s = mj_nvrtc_compile(ks, &o, emit ? &ptx : NULL, &ptx_len, &cubin, &len);
   if (s == MOEJIT_ERR_COMPILE && emit) emit_failed_source(c->emit_dir, ks);
   if (!s && !(job->entry = mem_insert(c, key, cubin, len))) s = MOEJIT_ERR_OUT_OF_MEMORY;
-  if (!s && cc->cache && mem_first_in(c, job->entry, cc->cache))
-    store_in_cache(cc, spec, ks->family, ks->arch, job->entry, &job->report);
+  if (!s) store_once(c, cc, spec, ks->family, ks->arch, job->entry, &job->report);
   if (!s && emit) s = emit_files(c->emit_dir, ks, ptx, ptx_len, job->entry);
   free(ptx);
   return s;
@@ -457,8 +456,7 @@ static moejit_status build_kernel(moejit_compiler *c, const moejit_spec *spec,
   if (memo && (job->entry = memo_lookup(c, id, r->key))) {
     r->cache_hit = 1;
     r->cubin_bytes = job->entry->len;
-    if (cc->cache && mem_first_in(c, job->entry, cc->cache)) /* compiled for another cache */
-      store_in_cache(cc, spec, job->family, job->arch, job->entry, r);
+    store_once(c, cc, spec, job->family, job->arch, job->entry, r); /* built for another cache */
     return MOEJIT_OK;
   }
   mj_kernel_source ks;
@@ -469,8 +467,7 @@ static moejit_status build_kernel(moejit_compiler *c, const moejit_spec *spec,
   kernel_key(c, &ks, r->key);
   if (!(force_emit && emit) && lookup_cached(c, r->key, cc, job)) {
     r->cache_hit = 1;
-    if (cc->cache && mem_first_in(c, job->entry, cc->cache)) /* in memory, not yet in it */
-      store_in_cache(cc, spec, job->family, job->arch, job->entry, r);
+    store_once(c, cc, spec, job->family, job->arch, job->entry, r); /* in memory, maybe not there */
   } else {
     s = compile_fresh(c, spec, &ks, r->key, emit, cc, job);
   }

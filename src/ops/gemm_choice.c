@@ -259,14 +259,14 @@ moejit_status moejit_model_gemm_choice(const moejit_model *model, const char *ke
   return MOEJIT_OK;
 }
 
-moejit_status mj_gemm_choice_fits(const mj_gemm_choice *c, int which, int smem_optin,
-                                  const char *op) {
+moejit_status mj_gemm_choice_fits(const mj_gemm_choice *c, int which, int64_t tokens,
+                                  int smem_optin, const char *op) {
   if (smem_optin <= 0 || c->plan.smem_bytes <= (unsigned)smem_optin) return MOEJIT_OK;
   return mj_fail(MOEJIT_ERR_UNSUPPORTED,
-                 "%s: GEMM %d's kernel '%s' (a %dx%d tile) needs %u bytes of shared memory a "
-                 "block, and this GPU allows %d; HINT: give kernels.gemm%d fewer stages or a "
-                 "smaller tile for this GPU (the presets' tiles are the H100's), or tune one "
+                 "%s: at T = %lld, GEMM %d's kernel '%s' (a %dx%d tile) needs %u bytes of shared "
+                 "memory a block, and this GPU allows %d; HINT: give kernels.gemm%d fewer stages "
+                 "or a smaller tile for this GPU (the presets' tiles are the H100's), or tune one "
                  "(moejit tune)",
-                 op, which, c->plan.entry, c->plan.tile_m, c->plan.tile_n, c->plan.smem_bytes,
-                 smem_optin, which);
+                 op, (long long)tokens, which, c->plan.entry, c->plan.tile_m, c->plan.tile_n,
+                 c->plan.smem_bytes, smem_optin, which);
 }

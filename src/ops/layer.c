@@ -206,7 +206,7 @@ static moejit_status choose_gemms(const moejit_model *m, const char *op, int64_t
                                       mj_ctx_arch(m->ctx), &c->gemm[which - 1]);
     if (st) return mj_model_fail(m, mj_fail_prefix(st, "%s", op));
     /* the load refuses such a model; checked here too, before route runs */
-    st = mj_gemm_choice_fits(&c->gemm[which - 1], which, mj_ctx_smem_optin(m->ctx), op);
+    st = mj_gemm_choice_fits(&c->gemm[which - 1], which, tokens, mj_ctx_smem_optin(m->ctx), op);
     if (st) return mj_model_fail(m, st);
   }
   return MOEJIT_OK;

@@ -224,14 +224,13 @@ static moejit_status list_gemm(warm_list *w, int which) {
       if (vs->v[i].tokens + d >= 1 && vs->v[i].tokens + d <= t_max) ts[n++] = vs->v[i].tokens + d;
   const char *last_entry = NULL;
   int last_variant = -2, last_decode = -1;
+  const int smem_optin = mj_ctx_smem_optin(m->ctx); /* 0 in a prebuild: no GPU to ask */
   for (size_t i = 0; i < n; i++) {
     mj_gemm_choice c;
     moejit_status st = mj_gemm_choose(&m->spec, vs, which, ts[i], w->arch, &c);
     if (st && ts[i] == 1) return mj_fail_prefix(st, "moejit_model_load: GEMM %d at T = 1", which);
     if (st) continue;
-    char at[64];
-    snprintf(at, sizeof at, "moejit_model_load: at T = %lld", (long long)ts[i]);
-    if ((st = mj_gemm_choice_fits(&c, which, mj_ctx_smem_optin(m->ctx), at))) return st;
+    if ((st = mj_gemm_choice_fits(&c, which, ts[i], smem_optin, "moejit_model_load"))) return st;
     size_t split = 0, zero;
     if (which == 2) mj_gemm2_split_layout(&c.plan, mj_ctx_sm_count(m->ctx), &split, &zero);
     if (split) { /* the layer's workspace holds GEMM 2's K-split scratch from here on */
@@ -635,6 +634,12 @@ moejit_status mj_layer_gemm_modules(const moejit_spec *spec, const char *arch,
   return st;
 }
 
+/* Any ep field set asks for expert parallelism; a world out of range is
+ * then refused by its check, not taken for one GPU. */
+static int ep_requested(const moejit_load_opts *opts) {
+  return opts && (opts->ep.world != 0 || opts->ep.nccl_comm || opts->ep.nccl_id);
+}
+
 /* ---- prebuilding a load's kernels without a GPU --------------------------- */
 
 moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec *spec,
@@ -647,7 +652,7 @@ moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec
   moejit_status st = moejit_spec_validate(spec);
   if (st) return mj_fail_prefix(st, "moejit_model_prebuild");
   if ((st = check_supported(spec))) return st;
-  if (opts && (opts->ep.world != 0 || opts->ep.nccl_comm || opts->ep.nccl_id))
+  if (ep_requested(opts))
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "moejit_model_prebuild: builds one GPU's layer; an expert-parallel load "
                    "builds each rank's kernels for its own experts; HINT: leave opts.ep zero");
@@ -707,7 +712,7 @@ moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsig
   if (out) *out = NULL;
   moejit_status st = check_load_args(ctx, spec, out);
   if (st) return st;
-  if (opts && (opts->ep.world != 0 || opts->ep.nccl_comm || opts->ep.nccl_id)) {
+  if (ep_requested(opts)) {
     if (families != MJ_OPS_LAYER)
       return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                                       "moejit_model_load: expert parallelism (opts.ep) needs a "

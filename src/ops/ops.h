@@ -109,8 +109,8 @@ moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v,
  * checked against the H100's 227 KiB when the config loads, a smaller GPU
  * (an A100: 163 KiB, sm_86/89: 99 KiB) needs a smaller tile or fewer
  * stages. */
-moejit_status mj_gemm_choice_fits(const mj_gemm_choice *c, int which, int smem_optin,
-                                  const char *op);
+moejit_status mj_gemm_choice_fits(const mj_gemm_choice *c, int which, int64_t tokens,
+                                  int smem_optin, const char *op);
 
 /* 1 when a forward of `tokens` tokens with these GEMM choices runs as the
  * two-launch decode layer (layer.c): both GEMMs on the GEMV path, T within

@@ -488,9 +488,7 @@ Test(codegen, nul_byte_in_a_template_is_refused) {
   static const char text[] = "// a comment\0 hidden\nextern \"C\" __global__ void k(int *x) {}\n";
   fwrite(text, 1, sizeof text - 1, f);
   fclose(f);
-  moejit_spec s;
-  ts_rng r = ts_rng_fresh("nul");
-  cs_random_spec(&r, &s);
+  const moejit_spec s = cs_fresh_spec("nul");
   mj_kernel_source ks;
   cr_assert_eq(mj_codegen(&s, "route", "sm_90a", tmp, &ks), MOEJIT_ERR_UNSUPPORTED);
   cr_assert(strstr(moejit_last_error(), "NUL byte at offset 12"), "%s", moejit_last_error());

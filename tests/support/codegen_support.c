@@ -109,3 +109,10 @@ int cs_check_line_mapping(const char *source, const char *template_dir, char *wh
   if (!bad && checked == 0) snprintf(why, cap, "no template line found after a #line marker");
   return bad || checked == 0;
 }
+
+moejit_spec cs_fresh_spec(const char *tag) {
+  ts_rng r = ts_rng_fresh(tag);
+  moejit_spec s;
+  cs_random_spec(&r, &s);
+  return s;
+}

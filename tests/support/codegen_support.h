@@ -11,6 +11,8 @@
 
 /* A valid spec with a random shape, routing, dtypes and block sizes. */
 void cs_random_spec(ts_rng *r, moejit_spec *spec);
+/* cs_random_spec from a fresh generator named `tag` (its seed is printed). */
+moejit_spec cs_fresh_spec(const char *tag);
 
 /* Absolute path of tests/data/templates/<name> (static buffer per call). */
 const char *cs_template_dir(const char *name);
