@@ -29,6 +29,12 @@ const char *mj_cuda_include_dir(void);
  * computed once per process; "none" where no directory holds them. Part of
  * every cache key: a cubin built against other headers is another cubin. */
 const char *mj_cuda_headers_digest(void);
+/* The NVRTC library this process runs: the hex of its GNU build ID (which
+ * tells patch releases apart; nvrtcVersion gives major.minor only), else
+ * its file's size and mtime ("123.456"), "linked" where NVRTC is linked
+ * into the program itself, "unknown" where it cannot be found. Found once
+ * per process; part of every cache key. */
+const char *mj_nvrtc_build_id(void);
 /* Every directory passed to NVRTC as -I (the one above plus companions such
  * as include/cccl or the build's second directory). Returns the count
  * written to dirs (at most cap); 0 when none was found. */

@@ -432,11 +432,13 @@ static int lookup_cached(moejit_compiler *c, const char *key, const cache_choice
 
 static moejit_status kernel_key(const moejit_compiler *c, const mj_kernel_source *ks,
                                 char key[33]) {
-  char opts[256], keyed[300];
+  char opts[256], keyed[400];
   mj_compile_opts o = {.arch = ks->arch, .fast_math = c->fast_math, .lineinfo = c->lineinfo};
   mj_compile_opts_string(&o, opts, sizeof opts);
-  /* the headers NVRTC reads from the toolkit are part of the cubin too */
-  snprintf(keyed, sizeof keyed, "%s headers=%s", opts, mj_cuda_headers_digest());
+  /* the headers NVRTC reads from the toolkit are part of the cubin too, and
+   * so is NVRTC's patch release, which its version does not tell */
+  snprintf(keyed, sizeof keyed, "%s headers=%s nvrtc=%s", opts, mj_cuda_headers_digest(),
+           mj_nvrtc_build_id());
   mj_cache_key(ks->source, ks->source_len, keyed, c->nvrtc_major, c->nvrtc_minor, ks->arch, key);
   return MOEJIT_OK;
 }

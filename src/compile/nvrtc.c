@@ -1,6 +1,8 @@
 /* The NVRTC wrapper: compiles one generated source to PTX and cubin, finds
  * the CUDA include directories once, and reports NVRTC's version and archs.
  * NVRTC allows concurrent calls on distinct programs, so no lock here. */
+#include <dlfcn.h>
+#include <link.h>
 #include <nvrtc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -149,6 +151,82 @@ static void digest_headers(void) {
 const char *mj_cuda_headers_digest(void) {
   pthread_once(&g_digest_once, digest_headers);
   return g_digest;
+}
+
+/* The NVRTC library this process runs, for the cache key: nvrtcVersion
+ * says 13.0 for every 13.0.x release, while a patch release can change the
+ * code NVRTC emits. */
+typedef struct nvrtc_object {
+  uintptr_t addr; /* nvrtcVersion's definition */
+  int matched;    /* the object holding it was found */
+  char id[2 * 32 + 1];
+  char name[MOEJIT_PATH_MAX];
+} nvrtc_object;
+
+/* The hex of the object's NT_GNU_BUILD_ID note, if it has one. */
+static void note_build_id(const struct dl_phdr_info *info, const ElfW(Phdr) * ph, char *id,
+                          size_t cap) {
+  const size_t align = ph->p_align == 8 ? 8 : 4;
+  const unsigned char *p = (const unsigned char *)(info->dlpi_addr + ph->p_vaddr);
+  const unsigned char *end = p + ph->p_memsz;
+  while ((size_t)(end - p) >= sizeof(ElfW(Nhdr))) {
+    const ElfW(Nhdr) *n = (const ElfW(Nhdr) *)(const void *)p;
+    const unsigned char *name = p + sizeof *n;
+    const size_t name_len = (n->n_namesz + align - 1) / align * align;
+    const size_t desc_len = (n->n_descsz + align - 1) / align * align;
+    if ((size_t)(end - name) < name_len || (size_t)(end - name - name_len) < desc_len) return;
+    const unsigned char *desc = name + name_len;
+    if (n->n_type == NT_GNU_BUILD_ID && n->n_namesz == 4 && memcmp(name, "GNU", 4) == 0 &&
+        n->n_descsz > 0 && 2 * (size_t)n->n_descsz < cap) {
+      for (size_t i = 0; i < n->n_descsz; i++) snprintf(id + 2 * i, 3, "%02x", desc[i]);
+      return;
+    }
+    p = desc + desc_len;
+  }
+}
+
+static int find_nvrtc_object(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  nvrtc_object *o = arg;
+  int holds = 0;
+  for (int i = 0; i < info->dlpi_phnum && !holds; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    const uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+    holds = ph->p_type == PT_LOAD && o->addr >= lo && o->addr - lo < ph->p_memsz;
+  }
+  if (!holds) return 0;
+  o->matched = 1;
+  mj_strlcpy(o->name, info->dlpi_name ? info->dlpi_name : "", sizeof o->name);
+  for (int i = 0; i < info->dlpi_phnum && !o->id[0]; i++)
+    if (info->dlpi_phdr[i].p_type == PT_NOTE)
+      note_build_id(info, &info->dlpi_phdr[i], o->id, sizeof o->id);
+  return 1;
+}
+
+static pthread_once_t g_nvrtc_id_once = PTHREAD_ONCE_INIT;
+static char g_nvrtc_id[2 * 32 + 48] = "unknown";
+
+static void identify_nvrtc(void) {
+  nvrtc_object o = {0};
+  o.addr = (uintptr_t)dlsym(RTLD_DEFAULT, "nvrtcVersion");
+  if (!o.addr) return;
+  dl_iterate_phdr(find_nvrtc_object, &o);
+  if (!o.matched) return;
+  const char *base = strrchr(o.name, '/');
+  base = base ? base + 1 : o.name;
+  struct stat sb;
+  if (!strstr(base, "nvrtc"))
+    snprintf(g_nvrtc_id, sizeof g_nvrtc_id, "linked"); /* a static NVRTC: the version says it */
+  else if (o.id[0])
+    snprintf(g_nvrtc_id, sizeof g_nvrtc_id, "%s", o.id);
+  else if (stat(o.name, &sb) == 0) /* no build ID: the file's size and time */
+    snprintf(g_nvrtc_id, sizeof g_nvrtc_id, "%lld.%lld", (long long)sb.st_size,
+             (long long)sb.st_mtime);
+}
+
+const char *mj_nvrtc_build_id(void) {
+  pthread_once(&g_nvrtc_id_once, identify_nvrtc);
+  return g_nvrtc_id;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -21,6 +21,12 @@ void mj_spec_canonical(const moejit_spec *in, moejit_spec *out);
  * is not an arch name. "auto" returns 0. */
 int mj_arch_parse(const char *arch, int *has_a_suffix);
 
+/* The shared memory one block may opt into on arch, in bytes: 163 KiB on
+ * sm_80 and sm_87, 99 KiB on sm_86, sm_89 and sm_12x, 227 KiB on sm_90,
+ * sm_100, sm_103 and sm_110 (the CUDA programming guide's table by compute
+ * capability); 0 for "auto", NULL or an arch not in the table. */
+int mj_arch_smem_optin(const char *arch);
+
 /* Shared-memory bytes a GEMM tile config needs for its pipeline stages
  * (A and B tiles per stage), given the operand dtype size. */
 size_t mj_gemm_smem_bytes(const moejit_gemm_cfg *g, size_t elem_bytes);

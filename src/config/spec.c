@@ -139,6 +139,26 @@ int mj_arch_parse(const char *arch, int *has_a_suffix) {
   return value;
 }
 
+int mj_arch_smem_optin(const char *arch) {
+  switch (mj_arch_parse(arch, NULL)) {
+    case 80:
+    case 87:
+      return 163 * 1024;
+    case 86:
+    case 89:
+    case 120:
+    case 121:
+      return 99 * 1024;
+    case 90:
+    case 100:
+    case 103:
+    case 110:
+      return 227 * 1024;
+    default:
+      return 0;
+  }
+}
+
 size_t mj_gemm_smem_bytes(const moejit_gemm_cfg *g, size_t elem_bytes) {
   if (!g || g->stages <= 0 || g->tile_m <= 0 || g->tile_n <= 0 || g->tile_k <= 0) return 0;
   return (size_t)g->stages * ((size_t)g->tile_m + (size_t)g->tile_n) * (size_t)g->tile_k *

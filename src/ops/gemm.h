@@ -33,8 +33,13 @@ typedef struct mj_gemm_plan {
   int use_gemv;           /* 1: the weight-streaming decode entry (persistent grid:
                              the launcher caps `grid` at MJ_GEMV_BLOCKS_PER_SM per SM) */
   int decode;             /* 1: a decode launch on mma.sync with the 64-row decode tile
-                             instead of the spec's: build the kernel from
-                             mj_gemm_kernel_spec */
+                             instead of the spec's */
+  int fitted;             /* 1: mma.sync under AUTO with fewer stages or a shorter
+                             tile_k than the tile asks, to fit the arch's shared
+                             memory (mj_arch_smem_optin) */
+  moejit_gemm_cfg cfg;    /* mma.sync: the tile the kernel is built with (the
+                             spec's, the decode tile, either fitted); where decode
+                             or fitted is set, build it from mj_gemm_kernel_spec */
 } mj_gemm_plan;
 
 /* 1 when GEMM 1 with this plan and these args keeps its CTAs' rounds of
@@ -202,14 +207,18 @@ moejit_status mj_gemm_plan_make(const moejit_spec *spec, int which, moejit_gemm_
 /* The plan for a ctx of arch `arch` ("sm_90a"; NULL: unknown): AUTO picks
  * wgmma on sm_90a when mj_gemm_wgmma_enabled() and the spec allows it;
  * path WGMMA on a known arch other than sm_90a, or a spec it cannot run, is
- * UNSUPPORTED. */
+ * UNSUPPORTED. On mma.sync, AUTO fits a tile whose stages need more shared
+ * memory than the arch allows a block (mj_arch_smem_optin) with fewer
+ * stages, then a shorter tile_k (plan->fitted); path MMA runs the tile as
+ * given, and such a tile is UNSUPPORTED there. */
 moejit_status mj_gemm_plan_make_for(const moejit_spec *spec, int which, moejit_gemm_path path,
                                     int64_t max_rows, const char *arch, mj_gemm_plan *out);
 
-/* The spec whose kernel runs `plan`: spec itself, or (plan->decode) a copy
- * in *scratch with GEMM `which` on the decode tile (64x256x64 for GEMM 1,
- * 64x128x64 for GEMM 2, 4 stages, 8 warps), which AUTO takes on mma.sync for
- * fewer than 64 rows. */
+/* The spec whose kernel runs `plan`: spec itself, or (plan->decode or
+ * plan->fitted) a copy in *scratch with GEMM `which` on plan->cfg: the
+ * decode tile (64x256x64 for GEMM 1, 64x128x64 for GEMM 2, 4 stages, 8
+ * warps), which AUTO takes on mma.sync for fewer than 64 rows, and/or the
+ * tile fitted to the arch's shared memory. */
 const moejit_spec *mj_gemm_kernel_spec(const moejit_spec *spec, int which,
                                        const mj_gemm_plan *plan, moejit_spec *scratch);
 

@@ -253,12 +253,45 @@ static moejit_status choose_path(const moejit_spec *spec, int which, moejit_gemm
                  op, blocker, which);
 }
 
-static void fill_mma_plan(const moejit_spec *spec, const moejit_gemm_cfg *g, int64_t max_rows,
-                          mj_gemm_plan *p) {
-  mj_gemm_warp_layout(g->tile_m, g->tile_n, g->warps, &p->warps_m, &p->warps_n, &p->warps_k);
+/* The dynamic shared memory of an mma.sync tile with warps_k warps along K
+ * (templates/common/gemm_config.cuh): its pipeline stages of 16-bit A and B
+ * tiles, or the fp32 partial sums the K-warps reduce, whichever is more. */
+static int64_t mma_smem(const moejit_gemm_cfg *g, int warps_k) {
   int64_t pipe = (int64_t)g->stages * (g->tile_m + g->tile_n) * g->tile_k * 2;
-  int64_t reduce = (int64_t)(p->warps_k - 1) * g->tile_m * g->tile_n * 4;
-  p->smem_bytes = (unsigned)(pipe > reduce ? pipe : reduce);
+  int64_t reduce = (int64_t)(warps_k - 1) * g->tile_m * g->tile_n * 4;
+  return pipe > reduce ? pipe : reduce;
+}
+
+/* *g with fewer stages (down to 2), then a shorter tile_k (down to 32, each
+ * time with as many stages as keep the tile's k-depth in flight, at most 8,
+ * and down again), until it needs at most `budget` bytes; 0 (and *g as it
+ * was) where even 2 stages of 32 do not fit. The tile's M and N, warps and
+ * schedule stay: the output the kernel writes per tile is the same. */
+static int mma_fit(moejit_gemm_cfg *g, int warps_k, int64_t budget) {
+  moejit_gemm_cfg f = *g;
+  const int depth = f.stages * f.tile_k;
+  while (mma_smem(&f, warps_k) > budget) {
+    if (f.stages > 2) {
+      f.stages--;
+    } else if (f.tile_k > 32) {
+      f.tile_k /= 2;
+      f.stages = depth / f.tile_k > 8 ? 8 : depth / f.tile_k;
+    } else {
+      return 0;
+    }
+  }
+  *g = f;
+  return 1;
+}
+
+/* budget: the bytes a block may have (0: unknown, no fitting) */
+static void fill_mma_plan(const moejit_spec *spec, const moejit_gemm_cfg *g, int64_t max_rows,
+                          int64_t budget, mj_gemm_plan *p) {
+  mj_gemm_warp_layout(g->tile_m, g->tile_n, g->warps, &p->warps_m, &p->warps_n, &p->warps_k);
+  p->cfg = *g;
+  if (budget > 0 && mma_smem(g, p->warps_k) > budget)
+    p->fitted = mma_fit(&p->cfg, p->warps_k, budget);
+  p->smem_bytes = (unsigned)mma_smem(&p->cfg, p->warps_k);
   p->m_slots = (int)(max_rows / g->tile_m + spec->experts);
 }
 
@@ -364,7 +397,17 @@ static moejit_status plan_make(const moejit_spec *spec, int which, moejit_gemm_p
     blocks = (int64_t)p->m_slots * p->n_tiles;
   } else if (p->use_mma) {
     p->entry = which == 1 ? "moejit_gemm1_swiglu_mma" : "moejit_gemm2_mma";
-    fill_mma_plan(spec, g, max_rows, p);
+    const int budget = mj_arch_smem_optin(arch);
+    fill_mma_plan(spec, g, max_rows, path == MOEJIT_GEMM_PATH_AUTO ? budget : 0, p);
+    if (budget > 0 && p->smem_bytes > (unsigned)budget)
+      return mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                     "%s: the %dx%dx%d tile with %d stages needs %u bytes of shared memory a "
+                     "block, and %s allows %d; HINT: %s",
+                     op, g->tile_m, g->tile_n, g->tile_k, g->stages, p->smem_bytes, arch, budget,
+                     path == MOEJIT_GEMM_PATH_AUTO
+                         ? "use a smaller tile_m or tile_n"
+                         : "give the tile fewer stages or a shorter tile_k, or ask for "
+                           "MOEJIT_GEMM_PATH_AUTO, which fits the tile to the arch");
     blocks = (int64_t)p->m_slots * p->n_tiles;
   } else {
     p->entry = which == 1 ? "moejit_gemm1_swiglu_simt" : "moejit_gemm2_simt";
@@ -428,8 +471,9 @@ moejit_status mj_gemm_plan_make_for(const moejit_spec *spec, int which, moejit_g
 
 const moejit_spec *mj_gemm_kernel_spec(const moejit_spec *spec, int which,
                                        const mj_gemm_plan *plan, moejit_spec *scratch) {
-  if (!plan->decode) return spec;
-  (void)with_decode_tile(spec, which, scratch);
+  if (!plan->decode && !plan->fitted) return spec;
+  *scratch = *spec;
+  *(which == 1 ? &scratch->gemm1 : &scratch->gemm2) = plan->cfg;
   return scratch;
 }
 

@@ -154,6 +154,8 @@ typedef struct warm_list {
   const group_list *groups; /* the GEMM modules' entry sets, or NULL */
   warm_job *jobs;
   size_t n, cap;
+  int fitted[2];              /* GEMM which's heuristic tile was fitted (mj_gemm_plan.fitted) */
+  moejit_gemm_cfg fit_cfg[2]; /* ... to this tile (the first T that fitted it) */
 } warm_list;
 
 static moejit_status warm_add(warm_list *w, const moejit_spec *spec, const char *family,
@@ -238,6 +240,8 @@ static moejit_status list_gemm(warm_list *w, int which) {
       if (!mm->gemm2_split_bytes || ts[i] < mm->gemm2_split_from) mm->gemm2_split_from = ts[i];
       if (split > mm->gemm2_split_bytes) mm->gemm2_split_bytes = split;
     }
+    if (c.plan.fitted && !c.plan.decode && c.variant < 0 && !w->fitted[which - 1])
+      w->fitted[which - 1] = 1, w->fit_cfg[which - 1] = c.plan.cfg;
     if (c.plan.entry == last_entry && c.variant == last_variant && c.plan.decode == last_decode)
       continue; /* the same kernel as the T before */
     last_entry = c.plan.entry, last_variant = c.variant, last_decode = c.plan.decode;
@@ -547,6 +551,19 @@ static moejit_status fold_jobs(load_batch *b) {
                  first->variant ? " (a tuned variant)" : "", first->message);
 }
 
+/* Says in GEMM which's report row that its tile runs fitted to the arch's
+ * shared memory (mj_gemm_plan_make_for): the config's tile would not fit. */
+static void note_fitted(const moejit_model *m, moejit_load_kernel *row, int which, const char *arch,
+                        const moejit_gemm_cfg *fit) {
+  char asked[64], runs[64], detail[sizeof row->config_detail + 256];
+  moejit_gemm_cfg_text(which == 1 ? &m->spec.gemm1 : &m->spec.gemm2, asked, sizeof asked);
+  moejit_gemm_cfg_text(fit, runs, sizeof runs);
+  snprintf(detail, sizeof detail,
+           "the %s tile runs as %s, fitted to %s's %d KiB of shared memory a block; %s", asked,
+           runs, arch, mj_arch_smem_optin(arch) / 1024, row->config_detail);
+  mj_strlcpy(row->config_detail, detail, sizeof row->config_detail);
+}
+
 /* Compiles every requested family and GEMM module (tuned tiles included)
  * at once; the first failure (in layer order) becomes the caller's error.
  * *plan (load_plan_free) is what the load then resolves. */
@@ -567,6 +584,10 @@ static moejit_status compile_families(moejit_model *m, moejit_compiler *compiler
     return st;
   }
   add_gemm_jobs(b, &(*plan)->gl, gemm_row);
+  for (int which = 1; which <= 2; which++)
+    if ((*plan)->w.fitted[which - 1] && gemm_row[which - 1] >= 0)
+      note_fitted(m, &m->report.kernels[gemm_row[which - 1]], which, arch,
+                  &(*plan)->w.fit_cfg[which - 1]);
   double t0 = mj_now_ms();
   mj_parallel_for(b->n, 0, compile_family, b);
   m->report.compile_ms = mj_now_ms() - t0;

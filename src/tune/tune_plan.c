@@ -52,6 +52,7 @@ static plan_key key_of(const mj_gemm_plan *p, const moejit_gemm_cfg *cfg) {
                 .pingpong = p->wg_pingpong,
                 .raster = (int)cfg->raster};
   if (p->use_gemv) k.raster = 0;
+  if (p->use_mma) cfg = &p->cfg; /* the tile the kernel is built with (fitted under AUTO) */
   if (!p->use_wgmma && !p->use_gemv) k.tile_k = cfg->tile_k, k.stages = cfg->stages;
   return k;
 }
@@ -254,7 +255,11 @@ static moejit_status add_candidate(builder *b, mj_tune_cand c, int check_divisib
              (blocker = divisibility(&spec, c.which, &c.cfg, c.path, detail, sizeof detail))) {
     prune(&c, blocker, detail);
   } else if (mj_gemm_plan_make_for(&spec, c.which, c.path, 1024, arch, &plan) != MOEJIT_OK) {
-    prune(&c, "no launch plan", moejit_last_error());
+    /* an mma.sync tile over a smaller arch's limit (sm_80: 163 KiB) */
+    const char *msg = moejit_last_error();
+    prune(&c,
+          strstr(msg, "shared memory") ? "shared memory (over the arch's limit)" : "no launch plan",
+          msg);
   }
   mj_clear_error();
   if (c.pruned) return push(b, &c, NULL);

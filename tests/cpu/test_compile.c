@@ -3,6 +3,7 @@
  * cache path (miss, then hit from a new compiler), cache off, read-only
  * caches, emit files, and every embedded template x preset compiling. */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <elf.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -185,6 +186,29 @@ Test(compile, cache_key_follows_the_cuda_headers) {
   cr_expect_str_eq(same_key, base_key);
   cr_expect_str_neq(edit_digest, base_digest, "edited headers");
   cr_expect_str_neq(edit_key, base_key, "a cubin of other headers would be served");
+}
+
+/* The cache key names the NVRTC build (nvrtcVersion gives 13.0 for every
+ * 13.0.x): the GNU build ID of the library holding nvrtcVersion, which is
+ * a byte string found in that file. */
+Test(compile, cache_key_names_the_nvrtc_build) {
+  const char *id = mj_nvrtc_build_id();
+  cr_assert_str_eq(id, mj_nvrtc_build_id(), "found once");
+  Dl_info info;
+  void *fn = dlsym(RTLD_DEFAULT, "nvrtcVersion");
+  cr_assert(fn && dladdr(fn, &info) && info.dli_fname, "nvrtcVersion is not loaded");
+  cr_assert(strstr(info.dli_fname, "nvrtc"), "NVRTC is a shared library here: %s", info.dli_fname);
+  const size_t n = strlen(id);
+  cr_assert(n >= 16 && n % 2 == 0 && strspn(id, "0123456789abcdef") == n,
+            "'%s' is not the hex of a build ID (%s)", id, info.dli_fname);
+  unsigned char want[32];
+  for (size_t i = 0; i < n / 2; i++) cr_assert_eq(sscanf(id + 2 * i, "%2hhx", &want[i]), 1);
+  char *text = NULL;
+  size_t len = 0;
+  cr_assert_eq(mj_read_file(info.dli_fname, &text, &len), MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect(memmem(text, len, want, n / 2), "%s does not hold the bytes of build ID %s",
+            info.dli_fname, id);
+  free(text);
 }
 
 Test(compile, no_headers_anywhere_is_a_compile_error_with_hint) {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "config/config.h"
 #include "ops/ops.h"
 #include "runtime/runtime.h"
 #include "test_support.h"
@@ -319,7 +320,7 @@ static void expect_covered(const moejit_spec *s, const char *arch, const mj_gemm
 Test(prebuild, every_kernel_a_forward_looks_up_is_in_a_module_of_the_load) {
   static const char *const presets[] = {"qwen3-30b-a3b", "olmoe-1b-7b", "mixtral-8x7b",
                                         "deepseek-v3"};
-  static const char *const archs[] = {"sm_90a", "sm_80"};
+  static const char *const archs[] = {"sm_90a", "sm_80", "sm_86"};
   unsetenv("MOEJIT_TUNED_DIR");
   mj_tuned_table h100;
   OK(mj_tuned_table_for_device("NVIDIA H100 80GB HBM3", &h100));
@@ -429,4 +430,96 @@ Test(prebuild, gemm1_gathers_where_it_was_measured_to_pay) {
     }
   }
   mj_tuned_table_free(&h100);
+}
+
+/* The presets' tiles are an H100's (227 KiB of shared memory a block). On
+ * a GPU that allows less, AUTO's mma.sync tile keeps its M and N and comes
+ * down in stages, then tile_k, until it fits: every T of every preset
+ * plans within the arch's limit, with a kernel spec the config rules
+ * accept; path MMA keeps the tile as given and is refused with a hint. */
+Test(prebuild, presets_fit_the_shared_memory_of_smaller_archs) {
+  static const char *const presets[] = {"qwen3-30b-a3b", "olmoe-1b-7b", "mixtral-8x7b",
+                                        "deepseek-v3"};
+  static const struct {
+    const char *arch;
+    int bytes;
+  } archs[] = {{"sm_80", 166912}, {"sm_86", 101376},  {"sm_87", 166912}, {"sm_89", 101376},
+               {"sm_90", 232448}, {"sm_100", 232448}, {"sm_120", 101376}};
+  unsetenv("MOEJIT_TUNED_DIR");
+  cr_expect_eq(mj_arch_smem_optin("auto"), 0);
+  cr_expect_eq(mj_arch_smem_optin(NULL), 0);
+  cr_expect_eq(mj_arch_smem_optin("sm_90a"), 232448);
+  cr_expect_eq(mj_arch_smem_optin("sm_120a"), 101376);
+  for (size_t p = 0; p < MJ_ARRAY_LEN(presets); p++)
+    for (size_t a = 0; a < MJ_ARRAY_LEN(archs); a++) {
+      moejit_spec s;
+      OK(moejit_spec_load_preset(presets[p], &s));
+      cr_expect_eq(mj_arch_smem_optin(archs[a].arch), archs[a].bytes, "%s", archs[a].arch);
+      int fitted = 0;
+      for (int64_t t = 1; t <= ((int64_t)1 << 20); t = t < 64 ? t + 1 : 2 * t)
+        for (int which = 1; which <= 2; which++) {
+          mj_gemm_choice c;
+          OK(mj_gemm_choose(&s, NULL, which, t, archs[a].arch, &c));
+          cr_expect_leq(c.plan.smem_bytes, (unsigned)archs[a].bytes,
+                        "%s on %s, GEMM %d at T=%lld: %u bytes", presets[p], archs[a].arch, which,
+                        (long long)t, c.plan.smem_bytes);
+          moejit_spec scratch;
+          const moejit_spec *ks = mj_gemm_kernel_spec(c.spec, which, &c.plan, &scratch);
+          cr_expect_eq(moejit_spec_validate(ks), MOEJIT_OK, "%s", moejit_last_error());
+          const moejit_gemm_cfg *k = which == 1 ? &ks->gemm1 : &ks->gemm2;
+          if (c.plan.use_mma)
+            cr_expect_eq(mj_gemm_smem_bytes(k, 2), c.plan.smem_bytes,
+                         "the kernel's tile is the plan's");
+          fitted |= c.plan.fitted;
+        }
+      /* the presets' 128x256 tiles take 192 KiB: fitted below 227 KiB only */
+      cr_expect_eq(fitted, archs[a].bytes < 232448, "%s on %s: fitted %d", presets[p],
+                   archs[a].arch, fitted);
+    }
+  /* qwen3-30b-a3b at T = 2048 on sm_86 (99 KiB) and sm_80 (163 KiB):
+   * GEMM 1 128x256x64 s4 -> s2 / s3; GEMM 2 128x256x128 s2 -> 128x256x64 s2 / s3 */
+  moejit_spec s = qwen();
+  static const struct {
+    const char *arch;
+    int which, tile_k, stages;
+  } want[] = {{"sm_86", 1, 64, 2}, {"sm_86", 2, 64, 2}, {"sm_80", 1, 64, 3}, {"sm_80", 2, 64, 3}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(want); i++) {
+    mj_gemm_plan plan;
+    OK(mj_gemm_plan_make_for(&s, want[i].which, MOEJIT_GEMM_PATH_AUTO, 2048 * 8, want[i].arch,
+                             &plan));
+    cr_expect(plan.use_mma && plan.fitted && !plan.decode);
+    cr_expect(plan.cfg.tile_m == 128 && plan.cfg.tile_n == 256 && plan.cfg.warps == 8 &&
+                  plan.cfg.tile_k == want[i].tile_k && plan.cfg.stages == want[i].stages,
+              "GEMM %d on %s: %dx%dx%d s%d", want[i].which, want[i].arch, plan.cfg.tile_m,
+              plan.cfg.tile_n, plan.cfg.tile_k, plan.cfg.stages);
+    /* path MMA runs the tile as given: refused, with what to do */
+    cr_expect_eq(mj_gemm_plan_make_for(&s, want[i].which, MOEJIT_GEMM_PATH_MMA, 2048 * 8,
+                                       want[i].arch, &plan),
+                 MOEJIT_ERR_UNSUPPORTED);
+    cr_expect(strstr(moejit_last_error(), "bytes of shared memory a block") &&
+                  strstr(moejit_last_error(), want[i].arch) &&
+                  strstr(moejit_last_error(), "MOEJIT_GEMM_PATH_AUTO"),
+              "%s", moejit_last_error());
+  }
+  /* sm_90a runs wgmma, which sizes its own stages; the spec is untouched */
+  mj_gemm_plan plan;
+  OK(mj_gemm_plan_make_for(&s, 1, MOEJIT_GEMM_PATH_AUTO, 2048 * 8, "sm_90a", &plan));
+  cr_expect(plan.use_wgmma && !plan.fitted);
+  /* a prebuild for sm_86 compiles the fitted kernels and says so */
+  moejit_compiler *c = compiler();
+  moejit_load_report r;
+  moejit_load_opts opts;
+  moejit_load_opts_init(&opts);
+  opts.report = &r;
+  OK(moejit_model_prebuild(c, &s, "sm_86", "NVIDIA GeForce RTX 3090", &opts));
+  const moejit_load_kernel *g1 = row(&r, "gemm1"), *g2 = row(&r, "gemm2");
+  cr_expect(strstr(g1->config_detail,
+                   "the 128x256x64 s4 w8 tile runs as 128x256x64 s2 w8, "
+                   "fitted to sm_86's 99 KiB of shared memory a block; "),
+            "%s", g1->config_detail);
+  cr_expect(strstr(g2->config_detail, "runs as 128x256x64 s2 w8, fitted to sm_86's"), "%s",
+            g2->config_detail);
+  cr_expect(strstr(g1->config_detail, "no tuned table"), "the rest of the detail stays: %s",
+            g1->config_detail);
+  moejit_compiler_destroy(c);
 }

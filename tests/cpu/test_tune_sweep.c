@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "config/config.h"
 #include "test_support.h"
 #include "ops/gemm.h"
 #include "tune/tune.h"
@@ -328,6 +329,28 @@ Test(tune_sweep, pruning_counts_per_reason) {
   for (size_t i = 0; i < p.n; i++)
     if (!p.cands[i].pruned) cr_assert_eq(p.cands[i].path, MOEJIT_GEMM_PATH_MMA);
   mj_tune_plan_free(&p);
+  /* sm_86 allows a block 99 KiB: mma 64x256x64 s4 (160 KiB) is pruned
+   * there, while AUTO's own tile (the preset's 128x256x64 s4, 192 KiB)
+   * stays a candidate, fitted to 2 stages as a load there runs it */
+  cr_assert_eq(mj_tune_plan_build(sw, "sm_86", &p), MOEJIT_OK);
+  cr_assert_eq(reason_count(&p, "shared memory (over the arch's limit)"), 1);
+  size_t heuristics = 0;
+  for (size_t i = 0; i < p.n; i++) {
+    const mj_tune_cand *c = &p.cands[i];
+    if (c->pruned) continue;
+    cr_assert_eq(c->path, MOEJIT_GEMM_PATH_MMA);
+    cr_assert_leq(mj_gemm_smem_bytes(&c->cfg, 2), 99 * 1024, "%dx%dx%d s%d kept on sm_86",
+                  c->cfg.tile_m, c->cfg.tile_n, c->cfg.tile_k, c->cfg.stages);
+    if (c->heuristic) {
+      heuristics++;
+      cr_assert(
+          c->cfg.tile_m == 128 && c->cfg.tile_n == 256 && c->cfg.tile_k == 64 && c->cfg.stages == 2,
+          "AUTO's tile on sm_86: %dx%dx%d s%d", c->cfg.tile_m, c->cfg.tile_n, c->cfg.tile_k,
+          c->cfg.stages);
+    }
+  }
+  cr_assert_eq(heuristics, 1);
+  mj_tune_plan_free(&p);
   moejit_sweep_destroy(sw);
 }
 
@@ -396,13 +419,14 @@ Test(tune_sweep, heuristic_tiles_are_candidates) {
    * MOEJIT_GEMV_MAX_ROWS), as on every arch; its candidate carries the
    * shape's tile. Above, mma.sync on the shape's tile (128 rows and more:
    * not the decode tile, which takes fewer than 64 rows), so no heuristic
-   * candidate is on the decode tile any more. */
+   * candidate is on the decode tile any more. The shape's 128x256x64 s4
+   * (192 KiB) runs there with 3 stages, fitted to sm_80's 163 KiB. */
   cr_assert_eq(mj_tune_plan_build(sw, "sm_80", &p), MOEJIT_OK);
   const mj_tune_cand *g1 = find(&p, 1, MOEJIT_GEMM_PATH_GEMV, 128, 256, 64, 4, 0);
   const mj_tune_cand *g2 = find(&p, 2, MOEJIT_GEMM_PATH_GEMV, 128, 256, 64, 4, 0);
   const mj_tune_cand *d1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 64, 256, 64, 4, 0);
   const mj_tune_cand *d2 = find(&p, 2, MOEJIT_GEMM_PATH_MMA, 64, 256, 64, 4, 0);
-  const mj_tune_cand *s1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 128, 256, 64, 4, 0);
+  const mj_tune_cand *s1 = find(&p, 1, MOEJIT_GEMM_PATH_MMA, 128, 256, 64, 3, 0);
   cr_assert(g1 && g1->heuristic && g1->tmask == 1u, "gemm1 T=4 on gemv");
   cr_assert(g2 && g2->heuristic && g2->tmask == 1u, "gemm2 T=4 on gemv");
   cr_assert(!d1 && !d2, "the mma decode tile is no heuristic here");

@@ -1054,15 +1054,24 @@ Test(tuned_pick, no_table_or_no_runnable_entry_falls_back_visibly) {
   cr_expect_eq(p.v.n, 0);
   cr_expect_str_eq(p.row.config_source, "heuristic");
   cr_expect_str_eq(p.row.config_detail, "no tuned table for NVIDIA H100 80GB HBM3 (...)");
-  /* wgmma entries on an sm_80 ctx: skipped, and said so */
+  /* wgmma entries on an sm_90 ctx (no 'a'): skipped, and said so */
   mj_tuned_table t;
   tuned_qwen_table(&t, &s);
-  p = collect(&t, NULL, &s, 1, "sm_80");
-  cr_expect_eq(p.v.n, 1, "only the mma entry runs on sm_80");
+  p = collect(&t, NULL, &s, 1, "sm_90");
+  cr_expect_eq(p.v.n, 1, "only the mma entry runs on sm_90");
   cr_expect_str_eq(p.row.config_source, "tuned");
   cr_expect(strstr(p.row.config_detail,
                    "T=32 16x256x128 s3 w8 mma; skipped T=1 (the wgmma kernel "
                    "needs an sm_90a device"),
+            "%s", p.row.config_detail);
+  /* on sm_80 (163 KiB a block) the mma entry's 204 KiB does not fit either:
+   * a tuned tile runs as named, so it is skipped, not fitted */
+  p = collect(&t, NULL, &s, 1, "sm_80");
+  cr_expect_eq(p.v.n, 0);
+  cr_expect_str_eq(p.row.config_source, "heuristic");
+  cr_expect(strstr(p.row.config_detail,
+                   "skipped T=32 (the 16x256x128 tile with 3 stages needs 208896 bytes of shared "
+                   "memory a block, and sm_80 allows 166912)"),
             "%s", p.row.config_detail);
   mj_tuned_table_free(&t);
   fill_header(&t, "dev");

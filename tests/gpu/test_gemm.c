@@ -851,6 +851,33 @@ Test(gemm, preset_shapes_qwen3) {
   moejit_ctx_destroy(ctx);
 }
 
+/* The tiles a load on a GPU with less shared memory a block runs (the
+ * presets' H100 tiles fitted to sm_80's 163 KiB and sm_86's 99 KiB: fewer
+ * stages, a shorter tile_k; mj_gemm_plan_make_for), run here on mma.sync:
+ * the same answer as the reference. */
+Test(gemm, preset_tiles_fitted_to_smaller_archs) {
+  moejit_ctx *ctx = ctx_or_skip();
+  static const char *const presets[] = {"qwen3-30b-a3b", "olmoe-1b-7b"};
+  static const char *const archs[] = {"sm_80", "sm_86"};
+  const int32_t counts[8] = {1, 0, 150, 3, 0, 17, 64, 129};
+  for (size_t p = 0; p < 2; p++) {
+    moejit_spec s;
+    cr_assert_eq(moejit_spec_load_preset(presets[p], &s), MOEJIT_OK);
+    for (size_t a = 0; a < 2; a++)
+      for (int which = 1; which <= 2; which++) {
+        mj_gemm_plan plan;
+        cr_assert_eq(mj_gemm_plan_make_for(&s, which, MOEJIT_GEMM_PATH_AUTO, 4096, archs[a], &plan),
+                     MOEJIT_OK, "%s", moejit_last_error());
+        cr_assert(plan.use_mma && plan.fitted, "%s GEMM %d on %s", presets[p], which, archs[a]);
+        moejit_spec f = make_spec(s.hidden, s.expert_width, 8, MOEJIT_DTYPE_BF16, plan.cfg);
+        f.gemm2 = plan.cfg;
+        gemm_case c = {ctx, &f, which, MOEJIT_GEMM_PATH_MMA, counts, 7, which == 2, 1e-2, NULL};
+        run_case(&c);
+      }
+  }
+  moejit_ctx_destroy(ctx);
+}
+
 Test(gemm, preset_shapes_mixtral_deepseek, .timeout = 1200) {
   moejit_ctx *ctx = ctx_or_skip();
   moejit_spec m, ds;
