@@ -62,7 +62,7 @@ typedef struct moejit_ep_opts {
    * caller's communicator, 0 or its size. */
   int world;
   int rank; /* this process's rank, 0..world-1 (with a communicator: its rank) */
-  /* The communicator, one of:
+  /* The communicator, exactly one of (both set is refused):
    *  - nccl_comm: an ncclComm_t the caller made and owns (moejit never
    *    destroys it); its device must be the ctx's device;
    *  - nccl_id: a unique id shared by all ranks; every rank's load then

@@ -36,8 +36,11 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
 int cli_parse_int(const char *opt, const char *text, int lo, int hi, int *out) {
   char *end = NULL;
   errno = 0;
+  /* digits, or '-' and digits: strtol would take " 2" and "+2" too */
+  const int digits =
+      text[0] == '-' ? text[1] >= '0' && text[1] <= '9' : text[0] >= '0' && text[0] <= '9';
   long v = strtol(text, &end, 10);
-  if (errno || !end || *end || end == text || v < lo || v > hi) {
+  if (!digits || errno || !end || *end || end == text || v < lo || v > hi) {
     fprintf(stderr, "moejit: %s: '%s' is not an integer in %d..%d\n", opt, text, lo, hi);
     return 0;
   }

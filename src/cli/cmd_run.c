@@ -153,6 +153,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
     fprintf(stderr, "moejit: --tuned-table applies to the one-GPU run; leave it out with --ep\n");
     return CLI_EXIT_USAGE;
   }
+  if (a->ep && a->ceilings_given) {
+    fprintf(stderr, "moejit: --ceilings applies to the one-GPU run; leave it out with --ep\n");
+    return CLI_EXIT_USAGE;
+  }
   if (a->ep && a->vs_heuristic) {
     fprintf(stderr, "moejit: --vs-heuristic applies to the one-GPU run; leave it out with --ep\n");
     return CLI_EXIT_USAGE;
@@ -164,6 +168,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
   if (a->ep_rank >= a->ep && a->ep) {
     fprintf(stderr, "moejit: --ep-rank %d is outside 0..%d (--ep %d)\n", a->ep_rank, a->ep - 1,
             a->ep);
+    return CLI_EXIT_USAGE;
+  }
+  if (a->ep_id_file && a->ep_rank < 0) {
+    fprintf(stderr, "moejit: --ep-id-file goes with --ep-rank (the launcher makes its own)\n");
     return CLI_EXIT_USAGE;
   }
   if (a->ep_device >= 0 && a->ep_rank < 0) {
@@ -342,12 +350,25 @@ int cli_run(int argc, char **argv) {
   if (rc) return rc;
   moejit_spec spec;
   if ((rc = cli_load_spec(a.config, a.preset, &spec))) return rc;
+  if (a.ep && !strcmp(a.ep_route, "one-rank") && spec.experts / a.ep < spec.top_k) {
+    /* rank 0 owns the first E / W experts */
+    fprintf(stderr,
+            "moejit: --ep-route one-rank puts every token's %d experts on rank 0, which owns %d "
+            "of %s's %d experts at --ep %d; use --ep %d or fewer\n",
+            spec.top_k, spec.experts / a.ep, spec.name, spec.experts, a.ep,
+            spec.experts / spec.top_k);
+    return CLI_EXIT_USAGE;
+  }
   int devices = 0;
   moejit_status st = moejit_device_count(&devices);
   if (st != MOEJIT_OK || devices == 0) {
     char why[1024];
     snprintf(why, sizeof why, "%s",
              st != MOEJIT_OK ? moejit_last_error() : "the CUDA driver reports no device");
+    if (a.ep_rank >= 0) { /* the other ranks would wait for this one */
+      fprintf(stderr, "moejit: rank %d of --ep %d has no GPU: %s\n", a.ep_rank, a.ep, why);
+      return CLI_EXIT_FAILURE;
+    }
     return run_without_gpu(&a, &spec, why);
   }
   return a.ep ? run_ep(&a, &spec, argc, argv) : run_on_gpu(&a, &spec);

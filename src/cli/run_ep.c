@@ -499,9 +499,13 @@ static void print_all(const run_args *a, const moejit_spec *s, const ep_point *p
     printf("],\"ok\":%s}\n", ok ? "true" : "false");
     return;
   }
-  printf("moejit run --ep %d: %s (d=%lld f=%lld E=%d k=%d), %d experts per rank\n", a->ep, s->name,
-         (long long)s->hidden, (long long)s->expert_width, s->experts, s->top_k,
-         s->experts / a->ep);
+  char per_rank[32];
+  if (s->experts % a->ep)
+    snprintf(per_rank, sizeof per_rank, "%d-%d", s->experts / a->ep, s->experts / a->ep + 1);
+  else
+    snprintf(per_rank, sizeof per_rank, "%d", s->experts / a->ep);
+  printf("moejit run --ep %d: %s (d=%lld f=%lld E=%d k=%d), %s experts per rank\n", a->ep, s->name,
+         (long long)s->hidden, (long long)s->expert_width, s->experts, s->top_k, per_rank);
   print_header();
   for (int i = 0; i < n; i++) print_point(&pts[i]);
   print_legend(a);

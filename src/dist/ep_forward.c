@@ -354,6 +354,11 @@ moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send, vo
                                         !send ? "send" : "recv"));
   if (bytes_per_rank == 0) return MOEJIT_OK;
   const mj_ep_placement *p = &model->ep->place;
+  if (bytes_per_rank > SIZE_MAX / (size_t)p->world)
+    return mj_model_fail(model, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                        "%s: bytes_per_rank %zu times %d ranks overflows a size_t "
+                                        "(send and recv hold bytes_per_rank bytes for each rank)",
+                                        fn, bytes_per_rank, p->world));
   ep_plan pl;
   plan_one_each(p, &pl);
   const ep_xfer x = {send, recv, bytes_per_rank};

@@ -21,6 +21,11 @@ static moejit_status adopt_comm(moejit_ctx *ctx, const mj_nccl *n, const moejit_
   if (!st) st = mj_nccl_check(n, n->CommUserRank(comm, &me), comm, "ncclCommUserRank");
   if (!st) st = mj_nccl_check(n, n->CommCuDevice(comm, &dev), comm, "ncclCommCuDevice");
   if (st) return mj_fail_prefix(st, "%s: opts.ep.nccl_comm", op);
+  if (count < 1 || count > MOEJIT_EP_MAX_WORLD)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: the communicator (opts.ep.nccl_comm) has %d ranks; expert parallelism "
+                   "takes 1..%d",
+                   op, count, MOEJIT_EP_MAX_WORLD);
   if (e->world > 0 && e->world != count)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "%s: opts.ep.world = %d, but the communicator has %d ranks; HINT: leave "
@@ -131,23 +136,42 @@ static moejit_status load_parts(moejit_ctx *ctx, const moejit_spec *spec, const 
   return st;
 }
 
+/* What opts.ep says on its own, checked before NCCL is loaded: a bad
+ * option is INVALID_ARGUMENT whether or not NCCL is there. */
+static moejit_status check_ep_opts(const moejit_spec *spec, const moejit_ep_opts *e) {
+  if (e->world < 0 || e->world > MOEJIT_EP_MAX_WORLD)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: opts.ep.world = %d (allowed 1..%d ranks, or 0 with opts.ep.nccl_comm to "
+                   "take the communicator's size)",
+                   op, e->world, MOEJIT_EP_MAX_WORLD);
+  if (e->nccl_comm && e->nccl_id)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: both opts.ep.nccl_comm and opts.ep.nccl_id are set; HINT: pass your "
+                   "ncclComm_t, or an id for moejit to create one with, not both",
+                   op);
+  if (!e->nccl_comm && !e->nccl_id)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: opts.ep.world = %d but neither opts.ep.nccl_comm nor opts.ep.nccl_id is "
+                   "set; HINT: pass your ncclComm_t, or a unique id from moejit_nccl_unique_id "
+                   "shared by all ranks",
+                   op, e->world);
+  if (e->nccl_comm && e->world == 0) return MOEJIT_OK; /* the communicator's size and rank */
+  mj_ep_placement place;                               /* world, rank and expert_owner as given */
+  moejit_status st = mj_ep_place(spec->experts, e->world, e->rank, e->expert_owner, &place);
+  return st ? mj_fail_prefix(st, "%s", op) : MOEJIT_OK;
+}
+
 moejit_status mj_ep_model_load(moejit_ctx *ctx, const moejit_spec *spec, const char *origin,
                                const moejit_load_opts *opts, moejit_model **out) {
   const double t_start = mj_now_ms();
   const moejit_ep_opts *e = &opts->ep;
+  if (opts->report) memset(opts->report, 0, sizeof *opts->report); /* as far as it gets */
+  moejit_status st = check_ep_opts(spec, e);
+  if (st) return mj_ctx_fail(ctx, st);
   const mj_nccl *n = NULL;
-  moejit_status st = mj_nccl_get(&n);
-  if (st) return mj_ctx_fail(ctx, mj_fail_prefix(st, "%s", op));
+  if ((st = mj_nccl_get(&n))) return mj_ctx_fail(ctx, mj_fail_prefix(st, "%s", op));
   int world = e->world, rank = e->rank;
-  if (e->nccl_comm) {
-    if ((st = adopt_comm(ctx, n, e, &world, &rank))) return mj_ctx_fail(ctx, st);
-  } else if (!e->nccl_id) {
-    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                                    "%s: opts.ep.world = %d but neither opts.ep.nccl_comm nor "
-                                    "opts.ep.nccl_id is set; HINT: pass your ncclComm_t, or a "
-                                    "unique id from moejit_nccl_unique_id shared by all ranks",
-                                    op, e->world));
-  }
+  if (e->nccl_comm && (st = adopt_comm(ctx, n, e, &world, &rank))) return mj_ctx_fail(ctx, st);
   mj_ep *ep = calloc(1, sizeof *ep);
   if (!ep) return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op));
   ep->nccl = n;

@@ -50,7 +50,8 @@ static const nccl_symbol nccl_symbols[] = {
 
 static void fail_load(const char *why) {
   nccl.status = MOEJIT_ERR_UNSUPPORTED;
-  snprintf(nccl.message, sizeof nccl.message, "NCCL is not available (%s); " MJ_NCCL_HINT, why);
+  /* the reason is capped so that the hint always fits */
+  snprintf(nccl.message, sizeof nccl.message, "NCCL is not available (%.600s); " MJ_NCCL_HINT, why);
   if (nccl.lib) dlclose(nccl.lib);
   nccl.lib = NULL;
 }
@@ -83,9 +84,19 @@ static void load_nccl(void) {
     memcpy((char *)&nccl.table + nccl_symbols[i].offset, &fn, sizeof fn);
   }
   int v = 0;
-  if (nccl.table.GetVersion(&v) != MJ_NCCL_SUCCESS || v < 2900) {
-    char why[128];
-    snprintf(why, sizeof why, "ncclGetVersion reports %d, need 2900 (2.9.0) or newer: older NCCL cannot be captured in a CUDA graph", v);
+  const mj_nccl_result r = nccl.table.GetVersion(&v);
+  char why[192];
+  if (r != MJ_NCCL_SUCCESS) {
+    snprintf(why, sizeof why, "ncclGetVersion failed: NCCL error %d", (int)r);
+    return fail_load(why);
+  }
+  /* NCCL's version code: X*10000 + Y*100 + Z from 2.9 on, X*1000 + Y*100 + Z before */
+  if (v < MJ_NCCL_MIN_VERSION) {
+    const int old = v < 10000;
+    snprintf(why, sizeof why,
+             "NCCL %d.%d.%d (ncclGetVersion %d) is too old: need 2.9.0 or newer, whose send and "
+             "recv can be captured in a CUDA graph",
+             old ? v / 1000 : v / 10000, old ? (v / 100) % 10 : (v / 100) % 100, v % 100, v);
     return fail_load(why);
   }
   nccl.table.version = v;

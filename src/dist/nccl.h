@@ -37,6 +37,9 @@ typedef enum mj_nccl_dtype {
   MJ_NCCL_FLOAT32 = 7
 } mj_nccl_dtype; /* ncclDataType_t (the members moejit sends) */
 
+/* ncclGetVersion of NCCL 2.9.0 (NCCL_VERSION(2, 9, 0)) */
+#define MJ_NCCL_MIN_VERSION 20900
+
 typedef struct mj_nccl {
   int version; /* ncclGetVersion, e.g. 22803 for 2.28.3 */
   mj_nccl_result (*GetVersion)(int *version);

@@ -104,10 +104,19 @@ Test(cli_run, usage_errors_exit_2) {
   const char *vs_ep[] = {"run", "--vs-heuristic", "--ep", "2", NULL};
   const char *table_ep[] = {"run", "--tuned-table", "t.yaml", "--ep", "2", NULL};
   const char *table_none[] = {"run", "--tuned-table", NULL};
+  const char *ceilings_ep[] = {"run", "--ceilings", "750,3", "--ep", "2", NULL};
+  const char *id_file_alone[] = {"run", "--ep", "2", "--ep-id-file", "/tmp/moejit-x.id", NULL};
+  const char *space_ep[] = {"run", "--ep", " 2", NULL};
+  const char *plus_iters[] = {"run", "--iters", "+3", NULL};
+  /* deepseek-v3 at 64 ranks: rank 0 owns 4 experts, a token takes 8 */
+  const char *one_rank_few[] = {"run", "--preset",   "deepseek-v3", "--ep",
+                                "64",  "--ep-route", "one-rank",    NULL};
   const char *const *cases[] = {
-      bad_tokens,   zero_tokens,  bad_iters, unknown,      two_configs, one_ceiling, zero_ceiling,
-      bad_ceiling,  huge_ceiling, bad_flush, flush_ep,     vs_ep,       table_ep,    table_none,
-      tiny_ceiling, hex_ceiling,  empty_dir, comma_tokens, plus_tokens, space_tokens};
+      bad_tokens,  zero_tokens,   bad_iters,    unknown,      two_configs,
+      one_ceiling, zero_ceiling,  bad_ceiling,  huge_ceiling, bad_flush,
+      flush_ep,    vs_ep,         table_ep,     table_none,   tiny_ceiling,
+      hex_ceiling, empty_dir,     comma_tokens, plus_tokens,  space_tokens,
+      ceilings_ep, id_file_alone, space_ep,     plus_iters,   one_rank_few};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);
@@ -123,6 +132,27 @@ Test(cli_run, usage_errors_exit_2) {
           "the message names the option and its value (or the clash): %s", err);
     free(err);
   }
+}
+
+/* A rank started by hand (--ep-rank) on a machine without a GPU fails:
+ * its peers would wait for it (rank 0 writes the id file, the others
+ * join), so "nothing ran, exit 0" is never its answer. */
+Test(cli_run, ep_rank_without_a_gpu_fails) {
+  int devices = 0;
+  if (moejit_device_count(&devices) == MOEJIT_OK && devices > 0)
+    cr_skip_test("a GPU is present: the rank would run");
+  char *dir = ts_mkdtemp("cli-run-rank");
+  char id[1100];
+  snprintf(id, sizeof id, "%s/id", dir);
+  char *err = NULL;
+  const char *args[] = {"run", "--ep",     "2",           "--ep-rank",   "1", "--ep-id-file",
+                        id,    "--preset", "olmoe-1b-7b", "--cache-dir", dir, NULL};
+  int rc = run_cli(args, NULL, &err);
+  cr_expect_eq(rc, 1, "exit %d: %s", rc, err);
+  cr_expect(err && strstr(err, "rank 1 of --ep 2 has no GPU"), "%s", err);
+  free(err);
+  ts_rmtree(dir);
+  free(dir);
 }
 
 /* --tuned-table without a GPU: the table is read as a load would read it,

@@ -225,6 +225,48 @@ Test(ep_plan, nccl_missing_is_a_clear_unsupported) {
   cr_assert_eq(moejit_nccl_version(NULL), MOEJIT_ERR_INVALID_ARGUMENT);
 }
 
+/* The loader's words for an NCCL that cannot serve (tests/fake_nccl): its
+ * version, decoded from either of NCCL's version codes, or the failed
+ * call; a long library path never pushes the hint out of the message. */
+Test(ep_plan, nccl_too_old_or_failing_says_which) {
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_VERSION", "2804", 1); /* 2.8.4, the code before 2.9 */
+  int v = 1;
+  cr_assert_eq(moejit_nccl_version(&v), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(
+      strstr(moejit_last_error(), "NCCL 2.8.4 (ncclGetVersion 2804) is too old: need 2.9.0") &&
+          strstr(moejit_last_error(), "HINT"),
+      "%s", moejit_last_error());
+}
+
+Test(ep_plan, nccl_version_codes_from_2_9_on) {
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_VERSION", "20900", 1);
+  int v = 0;
+  cr_assert_eq(moejit_nccl_version(&v), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert_eq(v, 20900);
+}
+
+Test(ep_plan, nccl_version_call_failing_is_named) {
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_VERSION_FAIL", "1", 1);
+  int v = 1;
+  cr_assert_eq(moejit_nccl_version(&v), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "ncclGetVersion failed: NCCL error 3"), "%s",
+            moejit_last_error());
+}
+
+Test(ep_plan, nccl_hint_survives_a_long_library_path) {
+  char path[1000] = "/nonexistent/";
+  memset(path + 13, 'p', sizeof path - 14);
+  path[sizeof path - 1] = '\0';
+  setenv("MOEJIT_NCCL_LIBRARY", path, 1);
+  int v = 1;
+  cr_assert_eq(moejit_nccl_version(&v), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert(strstr(moejit_last_error(), "HINT: expert parallelism needs NCCL 2.9"), "%s",
+            moejit_last_error());
+}
+
 Test(ep_plan, ep_kernels_compile_for_every_preset, .timeout = 600) {
   const char *const *names = moejit_preset_names();
   for (int i = 0; names[i]; i++) {

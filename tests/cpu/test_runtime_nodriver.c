@@ -465,3 +465,68 @@ Test(runtime_nodriver, info_reports_the_cache_directory) {
   ts_rmtree(dir);
   free(dir);
 }
+
+/* An expert-parallel load checks opts.ep on its own before it loads NCCL:
+ * a bad option is INVALID_ARGUMENT with NCCL absent too, the report is
+ * zeroed, and only a good one gets as far as "NCCL is not available". */
+static moejit_status ep_load(fake *f, moejit_ep_opts ep, moejit_load_report *r) {
+  moejit_spec s;
+  cr_assert_eq(moejit_spec_load_preset("qwen3-30b-a3b", &s), MOEJIT_OK);
+  moejit_load_opts opts;
+  moejit_load_opts_init(&opts);
+  opts.ep = ep;
+  opts.report = r;
+  memset(r, 0xab, sizeof *r);
+  moejit_model *m = (moejit_model *)(uintptr_t)1;
+  moejit_status st = moejit_model_load_spec(&f->ctx, &s, &opts, &m);
+  cr_expect_null(m);
+  cr_expect_eq(r->n_kernels, 0, "the report is zeroed");
+  return st;
+}
+
+Test(runtime_nodriver, ep_options_are_checked_before_nccl) {
+  setenv("MOEJIT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  fake *f = fake_ctx();
+  moejit_load_report r;
+  moejit_nccl_id id;
+  memset(&id, 1, sizeof id);
+  void *comm = (void *)(uintptr_t)0x10;
+  static const struct {
+    int world, rank, comm, id;
+    const char *says;
+  } bad[] = {
+      {100, 0, 0, 1, "opts.ep.world = 100 (allowed 1..64"},
+      {-3, 0, 1, 0, "opts.ep.world = -3"},
+      {2, 5, 0, 1, "ep.rank = 5 is outside 0..1"},
+      {2, 0, 0, 0, "neither opts.ep.nccl_comm nor opts.ep.nccl_id"},
+      {2, 0, 1, 1, "both opts.ep.nccl_comm and opts.ep.nccl_id"},
+      {0, 0, 1, 1, "both opts.ep.nccl_comm and opts.ep.nccl_id"},
+      {2, 9, 1, 0, "ep.rank = 9 is outside 0..1"},
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bad); i++) {
+    moejit_ep_opts ep = {.world = bad[i].world, .rank = bad[i].rank};
+    if (bad[i].comm) ep.nccl_comm = comm;
+    if (bad[i].id) ep.nccl_id = &id;
+    cr_expect_eq(ep_load(f, ep, &r), MOEJIT_ERR_INVALID_ARGUMENT, "case %zu: %s", i,
+                 moejit_last_error());
+    cr_expect(strstr(moejit_last_error(), bad[i].says), "case %zu: %s", i, moejit_last_error());
+  }
+  moejit_ep_opts good = {.world = 2, .rank = 1, .nccl_id = &id};
+  cr_expect_eq(ep_load(f, good, &r), MOEJIT_ERR_UNSUPPORTED);
+  cr_expect(strstr(moejit_last_error(), "NCCL is not available"), "%s", moejit_last_error());
+  fake_free(f);
+}
+
+/* A caller's communicator larger than expert parallelism takes is named
+ * as the communicator's size, not as an opts.ep.world the caller never set. */
+Test(runtime_nodriver, ep_communicator_too_large_says_so) {
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_COUNT", "100", 1);
+  fake *f = fake_ctx();
+  moejit_load_report r;
+  moejit_ep_opts ep = {.nccl_comm = (void *)(uintptr_t)0x10};
+  cr_expect_eq(ep_load(f, ep, &r), MOEJIT_ERR_INVALID_ARGUMENT, "%s", moejit_last_error());
+  cr_expect(strstr(moejit_last_error(), "the communicator (opts.ep.nccl_comm) has 100 ranks"), "%s",
+            moejit_last_error());
+  fake_free(f);
+}
