@@ -101,12 +101,16 @@ static int cachedir_tag_ok(const char *path) {
  * race harmlessly, and a disk that fills mid-write leaves no truncated tag.
  * A truncated one (an earlier full disk) is replaced. The tag is advisory:
  * failures are ignored. */
+static int open_temp(const char *final_path, char *tmp, size_t cap);
+
 static void write_cachedir_tag(const char *root) {
   char path[MOEJIT_PATH_MAX + 16], tmp[MOEJIT_PATH_MAX + 48];
   if (snprintf(path, sizeof path, "%s/CACHEDIR.TAG", root) >= (int)sizeof path) return;
   if (cachedir_tag_ok(path)) return; /* whole, or there and unreadable */
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) return;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  /* a temp name of this call's own (two threads of a process may write the
+   * tag at once: one truncating a temp the other already linked in place
+   * would empty the tag) */
+  int fd = open_temp(path, tmp, sizeof tmp);
   if (fd < 0) return;
   ssize_t n = write(fd, cachedir_tag, sizeof cachedir_tag - 1);
   int whole = n == (ssize_t)(sizeof cachedir_tag - 1);

@@ -167,7 +167,8 @@ static mem_entry *mem_insert(moejit_compiler *c, const char *key, void *cubin, s
 }
 
 /* 1 the first time `cache` is named for e (the caller then stores e
- * there), 0 once e is known to be in it. */
+ * there, and mem_forget_home takes the claim back if that fails), 0 once e
+ * is known to be in it or is being stored there. */
 static int mem_first_in(moejit_compiler *c, const mem_entry *e, const mj_cache *cache) {
   mem_entry *m = (mem_entry *)e; /* the compiler's own entry */
   int first = 1;
@@ -176,6 +177,19 @@ static int mem_first_in(moejit_compiler *c, const mem_entry *e, const mj_cache *
   if (first && m->n_homes < MJ_ENTRY_HOMES) m->homes[m->n_homes++] = cache;
   pthread_mutex_unlock(&c->lock);
   return first;
+}
+
+/* e is not in `cache` after all (its store failed): a later request tries
+ * again, rather than count a kernel that is not on disk as stored. */
+static void mem_forget_home(moejit_compiler *c, const mem_entry *e, const mj_cache *cache) {
+  mem_entry *m = (mem_entry *)e;
+  pthread_mutex_lock(&c->lock);
+  for (int i = 0; i < m->n_homes; i++)
+    if (m->homes[i] == cache) {
+      m->homes[i] = m->homes[--m->n_homes];
+      break;
+    }
+  pthread_mutex_unlock(&c->lock);
 }
 
 static const mem_entry *mem_lookup(moejit_compiler *c, const char *key) {
@@ -379,18 +393,21 @@ static void emit_failed_source(const char *dir, const mj_kernel_source *ks) {
   free(msg);
 }
 
-static void store_in_cache(const cache_choice *cc, const moejit_spec *spec, const char *family,
-                           const char *arch, const mem_entry *e, moejit_kernel_report *r) {
+static moejit_status store_in_cache(const cache_choice *cc, const moejit_spec *spec,
+                                    const char *family, const char *arch, const mem_entry *e,
+                                    moejit_kernel_report *r) {
   mj_cache_meta meta;
   memset(&meta, 0, sizeof meta);
   mj_strlcpy(meta.kernel, family, sizeof meta.kernel);
   mj_strlcpy(meta.arch, arch, sizeof meta.arch);
   mj_spec_summary(spec, meta.summary, sizeof meta.summary);
-  if (mj_cache_store(cc->cache, e->key, &meta, e->cubin, e->len) != MOEJIT_OK) {
+  moejit_status st = mj_cache_store(cc->cache, e->key, &meta, e->cubin, e->len);
+  if (st != MOEJIT_OK) {
     char w[512];
     snprintf(w, sizeof w, "not stored in the cache (kept in memory): %s", moejit_last_error());
     add_warning(r, w);
   }
+  return st;
 }
 
 /* Stores e in the request's cache unless it is known to be there already
@@ -398,7 +415,9 @@ static void store_in_cache(const cache_choice *cc, const moejit_spec *spec, cons
 static void store_once(moejit_compiler *c, const cache_choice *cc, const moejit_spec *spec,
                        const char *family, const char *arch, const mem_entry *e,
                        moejit_kernel_report *r) {
-  if (cc->cache && mem_first_in(c, e, cc->cache)) store_in_cache(cc, spec, family, arch, e, r);
+  if (cc->cache && mem_first_in(c, e, cc->cache) &&
+      store_in_cache(cc, spec, family, arch, e, r) != MOEJIT_OK)
+    mem_forget_home(c, e, cc->cache);
 }
 
 /* Runs NVRTC and keeps the result; with emit, also writes the files. */

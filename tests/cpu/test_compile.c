@@ -722,8 +722,6 @@ Test(compile, unusable_cache_dir_is_a_warning) {
   free(file);
 }
 
-/* A kernel this compiler already holds, asked for with another cache
- * directory, lands in that one too (a build box warming several caches). */
 /* moejit_compile of every family for sm_90a, which must succeed; each
  * report checked (hit or not as want_hit). */
 static void compile_good(moejit_compiler *c, const moejit_spec *s, moejit_kernel_report *r,
@@ -734,6 +732,8 @@ static void compile_good(moejit_compiler *c, const moejit_spec *s, moejit_kernel
   check_reports(r, n, want_hit);
 }
 
+/* A kernel this compiler already holds, asked for with another cache
+ * directory, lands in that one too (a build box warming several caches). */
 Test(compile, a_hit_in_memory_still_fills_the_requested_cache) {
   unsetenv("MOEJIT_CACHE_DIR");
   moejit_spec s = random_spec("two_caches");
@@ -750,6 +750,34 @@ Test(compile, a_hit_in_memory_still_fills_the_requested_cache) {
   cr_expect_eq(ts_count_files(b, ".mjc"), N_FAMILIES);
   moejit_compiler_destroy(c);
   free(a), free(b);
+}
+
+/* A store that failed (the cache's directory gone for a while) is tried
+ * again by the next request naming that cache: the kernel was never
+ * counted as stored there. */
+Test(compile, a_failed_store_is_tried_again) {
+  unsetenv("MOEJIT_CACHE_DIR");
+  moejit_spec s = random_spec("store_retry"), other = s;
+  other.hidden += 64; /* other kernels */
+  char *a = subdir("retry-a"), *b = subdir("retry-b"), *away = subdir("retry-b-away");
+  moejit_compiler *c = new_compiler(NULL, GOOD, NULL, 0);
+  moejit_kernel_report r[N_FAMILIES];
+  snprintf(s.cache_dir, sizeof s.cache_dir, "%s", a);
+  compile_good(c, &s, r, 0);
+  snprintf(other.cache_dir, sizeof other.cache_dir, "%s", b);
+  compile_good(c, &other, r, 0); /* the compiler now holds cache b open */
+  cr_assert_eq(ts_count_files(b, ".mjc"), N_FAMILIES);
+  cr_assert_eq(rename(b, away), 0);
+  free(ts_write_file(tmp, "retry-b", "not a directory\n"));
+  snprintf(s.cache_dir, sizeof s.cache_dir, "%s", b);
+  compile_good(c, &s, r, 1); /* in memory; the stores fail */
+  cr_expect(strstr(r[0].message, "not stored in the cache"), "'%s'", r[0].message);
+  cr_assert_eq(unlink(b), 0);
+  cr_assert_eq(rename(away, b), 0);
+  compile_good(c, &s, r, 1);
+  cr_expect_eq(ts_count_files(b, ".mjc"), 2 * N_FAMILIES, "the failed stores were not tried again");
+  moejit_compiler_destroy(c);
+  free(a), free(b), free(away);
 }
 
 Test(compile, overlong_cache_dir_is_a_warning) {
