@@ -436,6 +436,34 @@ Test(runtime_nodriver, info_json_without_a_driver_is_one_valid_object) {
   free(err);
 }
 
+/* info names the NCCL it finds (expert parallelism's), or why there is
+ * none, in text and JSON */
+Test(runtime_nodriver, info_reports_nccl) {
+  static const char *const with_nccl[] = {"MOEJIT_LIBCUDA_PATH=" NO_LIBCUDA,
+                                          "MOEJIT_NCCL_LIBRARY=" MOEJIT_FAKE_NCCL_PATH,
+                                          "FAKE_NCCL_VERSION=22105", NULL};
+  static const char *const none[] = {"MOEJIT_LIBCUDA_PATH=" NO_LIBCUDA,
+                                     "MOEJIT_NCCL_LIBRARY=/nonexistent/libnccl.so.2", NULL};
+  const char *text[] = {"info", NULL}, *json[] = {"info", "--json", NULL};
+  char *out = NULL, *err = NULL;
+  cr_expect_eq(ts_run_cli(text, with_nccl, &out, &err), 0, "%s", err);
+  cr_expect(strstr(out, "NCCL 2.21.5 (expert parallelism)"), "%s", out);
+  free(out), free(err);
+  cr_expect_eq(ts_run_cli(json, with_nccl, &out, &err), 0, "%s", err);
+  cr_expect(ts_json_valid(out) && strstr(out, "\"nccl\":{\"version\":\"2.21.5\",\"error\":null}"),
+            "%s", out);
+  free(out), free(err);
+  cr_expect_eq(ts_run_cli(text, none, &out, &err), 0, "%s", err);
+  cr_expect(strstr(out, "NCCL: none (expert parallelism only): NCCL is not available") &&
+                strstr(out, "/nonexistent/libnccl.so.2"),
+            "%s", out);
+  free(out), free(err);
+  cr_expect_eq(ts_run_cli(json, none, &out, &err), 0, "%s", err);
+  cr_expect(ts_json_valid(out) && strstr(out, "\"nccl\":{\"version\":null,\"error\":\"NCCL is not"),
+            "%s", out);
+  free(out), free(err);
+}
+
 Test(runtime_nodriver, info_help_and_bad_arguments) {
   const char *help[] = {"info", "--help", NULL};
   char *out = NULL, *err = NULL;
