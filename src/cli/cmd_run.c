@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "cli/run_data.h"
@@ -172,6 +173,16 @@ static int parse_args(int argc, char **argv, run_args *a) {
   }
   if (a->ep_id_file && a->ep_rank < 0) {
     fprintf(stderr, "moejit: --ep-id-file goes with --ep-rank (the launcher makes its own)\n");
+    return CLI_EXIT_USAGE;
+  }
+  struct stat sb;
+  if (a->ep_rank == 0 && a->ep_id_file && lstat(a->ep_id_file, &sb) == 0) {
+    /* an earlier run's id: ranks that read it would join a communicator
+     * that no longer exists, and wait for ever */
+    fprintf(stderr,
+            "moejit: --ep-id-file %s exists already (an earlier run's?); rank 0 writes a fresh "
+            "id there: remove it first, or name a new path for every run\n",
+            a->ep_id_file);
     return CLI_EXIT_USAGE;
   }
   if (a->ep_device >= 0 && a->ep_rank < 0) {
