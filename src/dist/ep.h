@@ -5,6 +5,7 @@
 #ifndef MOEJIT_SRC_DIST_EP_H
 #define MOEJIT_SRC_DIST_EP_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,6 +67,7 @@ typedef struct mj_ep {
   const mj_nccl *nccl;
   mj_nccl_comm comm;
   int owns_comm;
+  atomic_int comm_failed;     /* an NCCL call on comm failed: free aborts it */
   struct moejit_model *local; /* align, gemm1, gemm2, combine for the local experts */
   void *d_maps;               /* device: owner[E], then local_index[E] (int32) */
 } mj_ep;

@@ -194,6 +194,9 @@ static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep
   moejit_status end = mj_nccl_check(nc, nc->GroupEnd(), ep->comm, "ncclGroupEnd");
   mj_ctx_leave(m->ctx);
   if (!st) st = end;
+  /* the peers may now wait on transfers that never come: the communicator
+   * is aborted, not destroyed, when the model goes (mj_ep_free) */
+  if (st) atomic_store((atomic_int *)&ep->comm_failed, 1);
   return st ? mj_model_fail(m, mj_fail_prefix(st, "%s", what)) : MOEJIT_OK;
 }
 

@@ -104,7 +104,13 @@ void mj_ep_free(moejit_ctx *ctx, mj_ep *ep) {
   if (!ep) return;
   if (ep->comm && ep->owns_comm) {
     if (mj_ctx_enter(ctx) == MOEJIT_OK) {
-      ep->nccl->CommDestroy(ep->comm);
+      /* after a failed call, or an error NCCL found on its own (a peer that
+       * died), ncclCommDestroy would wait for the peers: abort instead */
+      mj_nccl_result async = MJ_NCCL_SUCCESS;
+      const int failed = atomic_load(&ep->comm_failed) ||
+                         ep->nccl->CommGetAsyncError(ep->comm, &async) != MJ_NCCL_SUCCESS ||
+                         (async != MJ_NCCL_SUCCESS && async != MJ_NCCL_IN_PROGRESS);
+      (failed ? ep->nccl->CommAbort : ep->nccl->CommDestroy)(ep->comm);
       mj_ctx_leave(ctx);
     }
   }

@@ -6,8 +6,13 @@
  *   FAKE_NCCL_VERSION_FAIL  nonzero: ncclGetVersion fails (ncclInternalError)
  *   FAKE_NCCL_COUNT, FAKE_NCCL_RANK, FAKE_NCCL_DEVICE  what a communicator
  *                           reports (defaults 2, 0, 0)
- * Collectives succeed and move nothing. */
+ *   FAKE_NCCL_SEND_FAIL     nonzero: ncclSend fails (ncclRemoteError)
+ *   FAKE_NCCL_ASYNC_ERROR   what ncclCommGetAsyncError reports (default 0)
+ *   FAKE_NCCL_LOG           a file that ncclCommDestroy and ncclCommAbort
+ *                           append "destroy" or "abort" lines to
+ * Collectives otherwise succeed and move nothing. */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,11 +39,20 @@ int ncclCommInitRank(void **comm, int nranks, fake_id id, int rank) {
   *comm = malloc(1);
   return *comm ? 0 : 2;
 }
+static void log_line(const char *what) {
+  const char *path = getenv("FAKE_NCCL_LOG");
+  FILE *f = path && *path ? fopen(path, "a") : NULL;
+  if (!f) return;
+  fprintf(f, "%s\n", what);
+  fclose(f);
+}
 int ncclCommDestroy(void *comm) {
+  log_line("destroy");
   free(comm);
   return 0;
 }
 int ncclCommAbort(void *comm) {
+  log_line("abort");
   free(comm);
   return 0;
 }
@@ -59,7 +73,7 @@ int ncclCommCuDevice(const void *comm, int *device) {
 }
 int ncclCommGetAsyncError(void *comm, int *error) {
   (void)comm;
-  *error = 0;
+  *error = env_int("FAKE_NCCL_ASYNC_ERROR", 0);
   return 0;
 }
 const char *ncclGetErrorString(int result) {
@@ -77,7 +91,7 @@ int ncclGroupEnd(void) {
 }
 int ncclSend(const void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
   (void)buf, (void)count, (void)dtype, (void)peer, (void)comm, (void)stream;
-  return 0;
+  return env_int("FAKE_NCCL_SEND_FAIL", 0) ? 6 : 0;
 }
 int ncclRecv(void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
   (void)buf, (void)count, (void)dtype, (void)peer, (void)comm, (void)stream;

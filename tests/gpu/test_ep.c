@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dist/nccl.h"
 #include "layer_gpu.h"
@@ -194,6 +195,49 @@ static void one_rank_bitwise(const int64_t *ts, size_t n_ts) {
   ops_sync();
   OPS_OK(moejit_stream_destroy(ops_ctx(), stream));
   one_rank_free(&r);
+}
+
+/* With a stand-in NCCL (tests/fake_nccl) whose peers never answer: a model
+ * whose exchange failed, or whose communicator NCCL found broken, aborts
+ * the communicator when it goes (ncclCommDestroy would wait for the
+ * peers); a healthy one destroys it. */
+static const char *fake_nccl_ends(const char *log, const char *send_fail, const char *async) {
+  setenv("FAKE_NCCL_SEND_FAIL", send_fail, 1);
+  setenv("FAKE_NCCL_ASYNC_ERROR", async, 1);
+  unlink(log);
+  moejit_nccl_id id;
+  OPS_OK(moejit_nccl_unique_id(&id));
+  moejit_model *m = load_ep("olmoe-1b-7b", 2, 0, &id, NULL, MOEJIT_OK);
+  void *send = ops_alloc(2 * 256), *recv = ops_alloc(2 * 256);
+  const moejit_status st = moejit_ep_alltoall(m, send, recv, 256, NULL);
+  if (atoi(send_fail))
+    cr_expect(st == MOEJIT_ERR_CUDA && strstr(moejit_last_error(), "ncclSend"), "%d: %s", st,
+              moejit_last_error());
+  else
+    cr_expect_eq(st, MOEJIT_OK, "%s", moejit_last_error());
+  ops_sync();
+  moejit_model_destroy(m);
+  ops_free(send);
+  ops_free(recv);
+  static char line[32];
+  FILE *f = fopen(log, "r");
+  cr_assert_not_null(f, "the fake NCCL logged nothing");
+  if (!fgets(line, sizeof line, f)) line[0] = '\0';
+  fclose(f);
+  return line;
+}
+
+Test(ep, a_broken_communicator_is_aborted_not_destroyed) {
+  OPS_REQUIRE_GPU();
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  char *dir = ts_mkdtemp("ep-fake-nccl"), log[1100];
+  snprintf(log, sizeof log, "%s/log", dir);
+  setenv("FAKE_NCCL_LOG", log, 1);
+  cr_expect_str_eq(fake_nccl_ends(log, "0", "0"), "destroy\n");
+  cr_expect_str_eq(fake_nccl_ends(log, "1", "0"), "abort\n", "after a failed ncclSend");
+  cr_expect_str_eq(fake_nccl_ends(log, "0", "6"), "abort\n", "after an asynchronous error");
+  ts_rmtree(dir);
+  free(dir);
 }
 
 /* Small T also serves compute-sanitizer (scripts/gpu-sanitize.sh). */
