@@ -149,6 +149,11 @@ static void *dev_random(moejit_ctx *ctx, size_t bytes) {
  * random draws are the same either way, so a point's routing does not
  * depend on whether it gathers. */
 static int route_random(const moejit_spec *s, int64_t tokens, int32_t *offsets, int32_t *choice) {
+  /* balanced: round robin, each call going on where the last stopped, so
+   * that input sets rotate over the experts as random ones do */
+  static int64_t balanced_next;
+  const int64_t base = balanced_next;
+  if (g_balanced) balanced_next += tokens * s->top_k;
   int32_t *counts = host_alloc_or_die(sizeof *counts * (size_t)s->experts);
   memset(counts, 0, sizeof *counts * (size_t)s->experts);
   int picked[64];
@@ -156,7 +161,7 @@ static int route_random(const moejit_spec *s, int64_t tokens, int32_t *offsets, 
     for (int j = 0; j < s->top_k; j++) {
       int e, dup;
       do {
-        e = g_balanced ? (int)((t * s->top_k + j) % s->experts)
+        e = g_balanced ? (int)((base + t * s->top_k + j) % s->experts)
                        : (int)(rng_next() % (uint64_t)s->experts);
         dup = 0;
         for (int i = 0; i < j; i++) dup |= picked[i] == e;
@@ -245,7 +250,7 @@ static double time_launches(moejit_ctx *ctx, launch_fn launch, void *state, int 
   for (int i = 0; i < made; i++) moejit_event_destroy(ctx, ev[i]);
   if (st != MOEJIT_OK || failed) return NAN;
   qsort(ms, (size_t)iters, sizeof ms[0], cmp_double);
-  return ms[iters / 2] * 1e3;
+  return (iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2])) * 1e3;
 }
 
 /* One GEMM of a point: the spec, its weights, the input sets. */
@@ -502,8 +507,12 @@ static void upload_permuted(moejit_ctx *ctx, void *dst, const int32_t *index, in
   free(piece);
 }
 
-/* Rotates routings and buffers until one pass touches ROTATE_BYTES; returns
- * the number of sets and the mean number of experts with rows. gather: also
+/* Rotates routings and buffers until one pass of either GEMM touches
+ * ROTATE_BYTES: the weights of the experts any set routes to (each GEMM is
+ * timed alone and all sets share one w1 and w2, so an expert two sets use
+ * counts once, and GEMM 2's weights, half of GEMM 1's, are what counts)
+ * plus each set's A and C; returns the number of sets and the mean number
+ * of experts with rows. gather: also
  * build each set's layer x and gather index (io_set.xt, a_index), with the
  * permuted copy made of x's rows. The sets, routings and offsets are the
  * same as without gather (the rotation counts the copied A either way). */
@@ -512,8 +521,10 @@ static int make_sets(moejit_ctx *ctx, const moejit_spec *s, int64_t tokens, int 
   int64_t rows = tokens * s->top_k, d = s->hidden, f = s->expert_width;
   size_t esz = moejit_dtype_size(s->act_dtype), wsz = moejit_dtype_size(s->weight_dtype);
   size_t off_bytes = sizeof(int32_t) * ((size_t)s->experts + 1);
-  int n_sets = 0;
-  double touched = 0;
+  int n_sets = 0, used = 0;
+  double touched_ac = 0, touched = 0;
+  unsigned char *seen = host_alloc_or_die((size_t)s->experts); /* experts some set routes to */
+  memset(seen, 0, (size_t)s->experts);
   *active = 0;
   do {
     io_set *io = &sets[n_sets++];
@@ -547,9 +558,12 @@ static int make_sets(moejit_ctx *ctx, const moejit_spec *s, int64_t tokens, int 
     CHECK(moejit_mem_alloc(ctx, sizeof(float) * (size_t)rows, NULL, (void **)&io->scale));
     CHECK(moejit_memcpy_htod(ctx, io->scale, sc, sizeof(float) * (size_t)rows, NULL));
     free(sc);
-    touched += (double)act * 3 * (double)(f * d) * (double)wsz +
-               (double)(rows * (2 * d + 2 * f)) * (double)esz;
+    for (int e = 0; e < s->experts; e++)
+      if (io->host_offsets[e + 1] > io->host_offsets[e] && !seen[e]) seen[e] = 1, used++;
+    touched_ac += (double)(rows * (d + f)) * (double)esz;
+    touched = (double)used * (double)(f * d) * (double)wsz + touched_ac;
   } while (touched < ROTATE_BYTES && n_sets < MAX_SETS);
+  free(seen);
   *active /= n_sets;
   return n_sets;
 }

@@ -1,7 +1,9 @@
 /* moejit_bench_ops: route, align + permute and combine of the presets at
  * T = 16384 tokens on random data, timed with CUDA events (median of 100
- * samples after warm-up; a sample averages a batch of back-to-back launches
- * on rotating inputs, so launch gaps and the L2 do not flatter it). Each op
+ * samples after warm-up; a sample averages a batch of back-to-back launches,
+ * so launch gaps do not flatter it; route rotates its inputs, while align
+ * and combine reuse theirs: "align (indices only)" moves about T*k*12 bytes,
+ * which stay in L2, so its rate is an L2 rate, shown for information). Each op
  * is printed beside its memory floor: the bytes it must move at 2.95 TB/s
  * (DESIGN.md: a large device-to-device copy on the H100). Targets (issue):
  * route <= 20 us; align + permute and combine <= 1.5x their floor.

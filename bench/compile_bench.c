@@ -116,7 +116,7 @@ static void print_tables(const bench_args *a, const preset_result *res, int n) {
          moejit_version_string(), major, minor, a->arch, a->repeat);
   printf("%-18s %-10s %12s\n", "preset", "kernel", "serial ms");
   for (int p = 0; p < n; p++)
-    for (size_t k = 0; k < res[p].n_kernels; k++)
+    for (size_t k = 0; k < res[p].n_kernels && k < MAX_KERNELS; k++)
       printf("%-18s %-10s %12.1f\n", res[p].name, res[p].kernel[k], res[p].kernel_ms[k]);
   printf("\n%-18s %8s %12s %16s %8s\n", "preset", "kernels", "jobs=1 ms", "jobs=N ms", "speedup");
   for (int p = 0; p < n; p++) {

@@ -192,8 +192,9 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="tiny made-up shapes (smoke test)")
     ap.add_argument("--warm-l2", action="store_true",
                     help="time runs back to back, L2 warm (the default empties it before each)")
-    ap.add_argument("--bias-scale", type=float, default=0.1,
-                    help="std of DeepSeek's random selection bias (0: none, as moejit run)")
+    ap.add_argument("--bias-scale", type=float, default=0.0,
+                    help="std of DeepSeek's random selection bias (default 0: none, as moejit run "
+                         "routes; 0.1 draws one)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     torch.manual_seed(0)

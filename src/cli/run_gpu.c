@@ -515,10 +515,13 @@ static void print_text(const gpu_state *g) {
              (long long)p->tokens, p->need_bytes / GIB, (double)g->free_after_weights / GIB);
       continue;
     }
-    printf("%7lld %10.4f %10.4f %8.1f %7.2f %10.4f %7.1f %7d %8.1e", (long long)p->tokens,
-           p->eager_ms, p->graph_ms, p->flops / (p->graph_ms * 1e9),
-           p->weight_bytes / (p->graph_ms * 1e9), p->floor_ms, 100 * p->floor_ms / p->graph_ms,
-           p->active, p->rel_err);
+    printf("%7lld %10.4f %10.4f %8.1f %7.2f %10.4f %7.1f %7d", (long long)p->tokens, p->eager_ms,
+           p->graph_ms, p->flops / (p->graph_ms * 1e9), p->weight_bytes / (p->graph_ms * 1e9),
+           p->floor_ms, 100 * p->floor_ms / p->graph_ms, p->active);
+    if (p->checked)
+      printf(" %8.1e", p->rel_err);
+    else
+      printf(" %8s", "n/a"); /* the check did not get as far as the sums */
     if (g->heur) printf(" %10.4f %7.3fx", p->heur_ms, p->heur_ms / p->graph_ms);
     printf("  %s\n", p->ok ? "ok" : p->problem);
   }
@@ -575,10 +578,15 @@ static void print_point_json(const point *p, int vs_heuristic) {
     printf(
         ",\"eager_ms\":%.6f,\"graph_ms\":%.6f,\"tflops\":%.3f,\"weight_tbs\":%.4f,"
         "\"floor_ms\":%.6f,\"pct_of_floor\":%.2f,\"active_experts\":%d,\"checked_tokens\":%d,"
-        "\"rel_err\":%.3e,\"ok\":%s,\"problem\":",
+        "\"rel_err\":",
         p->eager_ms, p->graph_ms, p->flops / (p->graph_ms * 1e9),
         p->weight_bytes / (p->graph_ms * 1e9), p->floor_ms, 100 * p->floor_ms / p->graph_ms,
-        p->active, p->checked, p->rel_err <= 1.7e308 ? p->rel_err : -1.0, p->ok ? "true" : "false");
+        p->active, p->checked);
+    if (p->checked)
+      printf("%.3e", p->rel_err <= 1.7e308 ? p->rel_err : -1.0);
+    else
+      printf("null");
+    printf(",\"ok\":%s,\"problem\":", p->ok ? "true" : "false");
     cli_json_str(stdout, p->problem);
     if (vs_heuristic)
       printf(",\"heuristic_graph_ms\":%.6f,\"vs_heuristic\":%.4f,\"heuristic_rel_err\":%.3e",
