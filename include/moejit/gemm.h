@@ -132,9 +132,11 @@ MOEJIT_API const char *moejit_gemm_path_name(int path);
 
 /* GEMM 1 with SwiGLU: h = silu(a W1_gate^T) * (a W1_up^T) per expert, tiled by
  * spec.gemm1. Errors: INVALID_ARGUMENT (NULL or misaligned pointers,
- * max_rows out of range); UNSUPPORTED (path MMA or WGMMA where it cannot
+ * max_rows out of range, a GEMM tile field out of range, which the launch
+ * plan checks first); UNSUPPORTED (path MMA or WGMMA where it cannot
  * run, or gemm1.warps 12 where wgmma is not picked); COMPILE,
- * CONFIG, CUDA as moejit_ctx_get_kernel and launches report them. */
+ * CONFIG (the spec's other fields), CUDA as moejit_ctx_get_kernel and
+ * launches report them. */
 MOEJIT_API moejit_status moejit_gemm1_swiglu(moejit_ctx *ctx, const moejit_spec *spec,
                                              const moejit_gemm_args *args, moejit_stream stream);
 

@@ -104,8 +104,9 @@ MOEJIT_API moejit_status moejit_model_load_spec(moejit_ctx *ctx, const moejit_sp
  * name: an existing file wins, else a preset of that name; "preset:NAME"
  * is always the preset (as the load report's origin writes it), never a
  * file; NULL is the default preset (moejit_default_preset). Errors: CONFIG or IO as
- * moejit_spec_load_file, NOT_FOUND for a name that is neither a file nor a
- * preset (the message lists the presets). */
+ * moejit_spec_load_file (a name holding '/' or ending in .yaml or .yml is
+ * always a path: IO when it cannot be read), NOT_FOUND for any other name
+ * that is neither a file nor a preset (the message lists the presets). */
 MOEJIT_API moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_preset,
                                                   const moejit_load_opts *opts, moejit_model **out);
 
@@ -148,7 +149,9 @@ typedef enum moejit_config_source {
  * 128x256x64 s4 w8, path auto, entry moejit_gemm1_swiglu_mma (no tuned
  * table for ...)" (truncated to cap). Host only, no GPU work.
  * INVALID_ARGUMENT for NULL model or kernel, an unknown kernel, a model
- * without that GEMM, or tokens outside 1..INT32_MAX / top_k. */
+ * without that GEMM, or tokens outside 1..INT32_MAX / top_k; UNSUPPORTED
+ * where the forward would refuse the kernel (more shared memory a block
+ * than the GPU allows). */
 MOEJIT_API moejit_status moejit_model_gemm_choice(const moejit_model *model, const char *kernel,
                                                   int64_t tokens, char *desc, size_t cap,
                                                   moejit_config_source *source);
@@ -261,14 +264,18 @@ typedef struct moejit_graph moejit_graph;
 MOEJIT_API moejit_status moejit_graph_begin_capture(moejit_ctx *ctx, moejit_stream stream);
 
 /* Ends the capture of `stream` and instantiates what was recorded. Always
- * ends the capture, also when the capture was invalidated by an illegal
- * call in between (then CUDA with the driver's message, *out NULL).
- * *out is owned by the caller: moejit_graph_destroy. */
+ * ends the capture (given a stream), also when the capture was invalidated
+ * by an illegal call in between (then CUDA with the driver's message, *out
+ * NULL), and with a NULL out (INVALID_ARGUMENT; the graph is dropped).
+ * *out is owned by the caller: moejit_graph_destroy. A graph must not be
+ * launched or destroyed from two threads at once (CUDA runs one replay of
+ * an instantiated graph at a time: serialize its launches). */
 MOEJIT_API moejit_status moejit_graph_end_capture(moejit_ctx *ctx, moejit_stream stream,
                                                   moejit_graph **out);
 
 /* Enqueues one replay of `graph` on `stream` (any stream of the ctx's
- * device). Never synchronizes. */
+ * device). Never synchronizes. INVALID_ARGUMENT for a graph of another
+ * ctx. */
 MOEJIT_API moejit_status moejit_graph_launch(moejit_ctx *ctx, moejit_graph *graph,
                                              moejit_stream stream);
 

@@ -14,7 +14,9 @@
  * Errors. Every call that can fail returns a moejit_status. On failure the
  * detailed message (YAML file:line:column, NVRTC log, CUDA error name, and a
  * hint on what to do) is kept per thread: moejit_last_error() returns the
- * message of the calling thread's most recent failed call. A moejit_ctx also
+ * message of the calling thread's most recent failed call. Read it right
+ * after a call that failed: a call that succeeds may leave there a message
+ * of a step it recovered from (a cache miss before a compile). A moejit_ctx also
  * keeps a copy of the last message any thread produced on it. No call prints,
  * exits or aborts.
  *
@@ -247,7 +249,8 @@ typedef struct moejit_compiler_opts {
   /* Cache directory. Precedence: this field, $MOEJIT_CACHE_DIR, the spec's
    * cache_dir, $XDG_CACHE_HOME/moejit, ~/.cache/moejit. NULL: not set. */
   const char *cache_dir;
-  /* 1: no disk cache (also when $MOEJIT_CACHE_DISABLE=1). */
+  /* 1: no disk cache (also when $MOEJIT_CACHE_DISABLE is set to anything
+   * but "" or "0"). */
   int cache_disable;
   /* Size limit; least-recently-used entries are evicted past it. 0: the
    * spec's cache_max_bytes, then $MOEJIT_CACHE_MAXSIZE (e.g. "2G"), else
@@ -290,7 +293,9 @@ typedef struct moejit_kernel_report {
 } moejit_kernel_report;
 
 /* Generates and compiles every kernel of `spec` for `arch` (NULL: each of
- * the spec's archs; "auto" needs a GPU and is refused here) on the
+ * the spec's archs; "auto" needs a GPU and is refused here; an explicit
+ * arch the spec's rules refuse, as moejit_spec_validate_arch, is
+ * INVALID_ARGUMENT before anything compiles) on the
  * compiler's thread pool, through the cache. Writes up to `cap` reports
  * and the number of kernels to *n_reports. Returns MOEJIT_OK if all
  * compiled, else the first failing kernel's status (all are still tried). */
@@ -299,7 +304,8 @@ MOEJIT_API moejit_status moejit_compile(moejit_compiler *compiler, const moejit_
                                         size_t cap, size_t *n_reports);
 
 /* The generated CUDA source of one kernel family for `arch` (NULL: the
- * spec's first arch). *source is NUL-terminated; release with moejit_free.
+ * spec's first arch; an explicit one is checked as by moejit_compile).
+ * *source is NUL-terminated; release with moejit_free.
  * The same spec and templates always give byte-identical source. */
 MOEJIT_API moejit_status moejit_generate(moejit_compiler *compiler, const moejit_spec *spec,
                                          const char *kernel, const char *arch, char **source);

@@ -240,9 +240,12 @@ typedef struct moejit_tune_summary {
  * versions and the date). Candidates a previous run in the same results dir
  * measured on the same device are not timed again.
  *
- * ctx NULL: compile only (cache warming); no timing, no table.
+ * ctx NULL: compile only (cache warming); no timing, no table. opts NULL:
+ * the moejit_tune_opts_init defaults, which write the table to
+ * ./configs/tuned/<device>.yaml (a model load reads it from there only
+ * through $MOEJIT_TUNED_DIR; set opts->out_table to put it elsewhere).
  * Compile failures, wrong candidates and an exhausted budget are recorded,
- * not errors. Returns INVALID_ARGUMENT for NULL arguments, IO when outputs
+ * not errors. Returns INVALID_ARGUMENT for a NULL sweep or summary, IO when outputs
  * cannot be written, CUDA when the GPU context died mid-run (what finished
  * is still written), OUT_OF_MEMORY. *summary is filled as far as the run
  * got; release it with moejit_tune_summary_free. Not thread-safe with

@@ -53,7 +53,7 @@ void mj_buf_free(mj_buf *b) {
 }
 
 char *mj_buf_take(mj_buf *b) {
-  if (!b->data) buf_reserve(b, 0);
+  if (!b->data && buf_reserve(b, 0)) b->data[0] = '\0'; /* nothing appended: "" */
   char *d = b->data;
   memset(b, 0, sizeof *b);
   return d;

@@ -526,11 +526,25 @@ static moejit_status check_explicit_arch(const char *arch) {
   return MOEJIT_OK;
 }
 
+/* An explicit arch of a public call: a name (check_explicit_arch), and
+ * one the spec's config rules allow (moejit_spec_validate_arch: sm_80a,
+ * sm_75, clusters below sm_90), before anything is generated. */
+static moejit_status check_request_arch(const moejit_spec *spec, const char *arch) {
+  moejit_status s = check_explicit_arch(arch);
+  if (!s && moejit_spec_validate_arch(spec, arch) != MOEJIT_OK)
+    s = mj_fail_prefix(MOEJIT_ERR_INVALID_ARGUMENT, "arch '%s'", arch);
+  return s;
+}
+
 /* The archs of a request: the explicit one, else every arch of the spec. */
 static moejit_status request_archs(const moejit_spec *spec, const char *arch, const char **archs,
                                    int *n) {
   *n = 0;
-  if (arch) archs[(*n)++] = arch;
+  if (arch) {
+    moejit_status s = check_request_arch(spec, arch);
+    if (s) return s;
+    archs[(*n)++] = arch;
+  }
   for (int i = 0; !arch && i < spec->n_archs && i < MOEJIT_MAX_ARCHS; i++)
     archs[(*n)++] = spec->archs[i];
   if (*n == 0)
@@ -647,7 +661,8 @@ moejit_status moejit_generate(moejit_compiler *c, const moejit_spec *spec, const
   if (!source) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_generate: source is NULL");
   *source = NULL;
   mj_kernel_source ks;
-  moejit_status s = mj_compiler_generate(c, spec, kernel, arch, &ks);
+  moejit_status s = c && spec && arch ? check_request_arch(spec, arch) : MOEJIT_OK;
+  if (!s) s = mj_compiler_generate(c, spec, kernel, arch, &ks);
   if (s) return s;
   *source = ks.source;
   ks.source = NULL;

@@ -105,6 +105,9 @@ moejit_status moejit_spec_validate_arch(const moejit_spec *spec, const char *arc
   moejit_spec s = *spec;
   if (strlen(arch) >= sizeof s.archs[0])
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "arch '%.40s...' is too long", arch);
+  if (!strcmp(arch, "auto")) /* a config's word for "the GPU's own": no arch to build for */
+    return mj_fail(MOEJIT_ERR_CONFIG,
+                   "arch 'auto' names no arch here; HINT: name the GPU's, e.g. sm_90a for an H100");
   s.n_archs = 1;
   snprintf(s.archs[0], sizeof s.archs[0], "%s", arch);
   return mj_spec_check(&s, NULL);

@@ -246,6 +246,9 @@ moejit_status moejit_model_gemm_choice(const moejit_model *model, const char *ke
   st = mj_gemm_choose(&model->spec, &model->gemm_variants[which - 1], which, tokens,
                       mj_ctx_arch(model->ctx), &c);
   if (st) return mj_model_fail(model, mj_fail_prefix(st, "%s", op));
+  /* what the forward would refuse (a tile the GPU cannot hold) */
+  if ((st = mj_gemm_choice_fits(&c, which, tokens, mj_ctx_smem_optin(model->ctx), op)))
+    return mj_model_fail(model, st);
   if (source)
     *source = c.match == MJ_TUNED_EXACT     ? MOEJIT_CONFIG_TUNED_EXACT
               : c.match == MJ_TUNED_NEAREST ? MOEJIT_CONFIG_TUNED_NEAREST

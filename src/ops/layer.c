@@ -199,15 +199,18 @@ typedef struct gemm_choices {
   mj_gemm_choice gemm[2];
 } gemm_choices;
 
+/* op NULL: a host-only query, which records no error in the ctx */
 static moejit_status choose_gemms(const moejit_model *m, const char *op, int64_t tokens,
                                   gemm_choices *c) {
   for (int which = 1; which <= 2; which++) {
     moejit_status st = mj_gemm_choose(&m->spec, &m->gemm_variants[which - 1], which, tokens,
                                       mj_ctx_arch(m->ctx), &c->gemm[which - 1]);
-    if (st) return mj_model_fail(m, mj_fail_prefix(st, "%s", op));
+    if (st && op) st = mj_fail_prefix(st, "%s", op);
     /* the load refuses such a model; checked here too, before route runs */
-    st = mj_gemm_choice_fits(&c->gemm[which - 1], which, tokens, mj_ctx_smem_optin(m->ctx), op);
-    if (st) return mj_model_fail(m, st);
+    if (!st)
+      st = mj_gemm_choice_fits(&c->gemm[which - 1], which, tokens, mj_ctx_smem_optin(m->ctx),
+                               op ? op : "moejit_moe_forward");
+    if (st) return op ? mj_model_fail(m, st) : st;
   }
   return MOEJIT_OK;
 }
@@ -437,22 +440,22 @@ int mj_moe_decode_ok(const moejit_spec *spec, int64_t tokens, const mj_gemm_choi
 }
 
 /* The GEMM choices of a one-GPU whole-layer forward of `tokens` tokens;
- * 0 when there is none (NULL or expert-parallel model, T out of range). */
-static int layer_choices(const moejit_model *m, const char *op, int64_t tokens, gemm_choices *c) {
+ * 0 when there is none (NULL or expert-parallel model, T out of range, a
+ * forward that would be refused). Records no error in the ctx. */
+static int layer_choices(const moejit_model *m, int64_t tokens, gemm_choices *c) {
   return m && !m->ep && (m->families & MJ_OPS_LAYER) == MJ_OPS_LAYER && tokens >= 1 &&
-         tokens <= INT32_MAX / m->spec.top_k && !choose_gemms(m, op, tokens, c);
+         tokens <= INT32_MAX / m->spec.top_k && !choose_gemms(m, NULL, tokens, c);
 }
 
 int moejit_moe_decode_layer(const moejit_model *m, int64_t tokens) {
   gemm_choices c;
-  if (!layer_choices(m, "moejit_moe_decode_layer", tokens, &c)) return 0;
+  if (!layer_choices(m, tokens, &c)) return 0;
   return mj_moe_decode_ok(&m->spec, tokens, &c.gemm[0], &c.gemm[1]);
 }
 
 int moejit_moe_gemm1_gathers(const moejit_model *m, int64_t tokens) {
   gemm_choices c;
-  if (!layer_choices(m, "moejit_moe_gemm1_gathers", tokens, &c) ||
-      mj_moe_decode_ok(&m->spec, tokens, &c.gemm[0], &c.gemm[1]))
+  if (!layer_choices(m, tokens, &c) || mj_moe_decode_ok(&m->spec, tokens, &c.gemm[0], &c.gemm[1]))
     return 0;
   return mj_moe_gemm1_gathers(&m->spec, tokens, &c.gemm[0], mj_ctx_l2_bytes(m->ctx),
                               mj_ctx_sm_count(m->ctx));

@@ -667,6 +667,7 @@ moejit_status moejit_model_prebuild(moejit_compiler *compiler, const moejit_spec
                                     const char *arch, const char *device_name,
                                     const moejit_load_opts *opts) {
   const double t_start = mj_now_ms();
+  if (opts && opts->report) memset(opts->report, 0, sizeof *opts->report); /* as far as it gets */
   if (!compiler || !spec)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_prebuild: %s is NULL",
                    !compiler ? "compiler" : "spec");
@@ -731,6 +732,7 @@ moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsig
                                  moejit_model **out) {
   const double t_start = mj_now_ms();
   if (out) *out = NULL;
+  if (opts && opts->report) memset(opts->report, 0, sizeof *opts->report); /* as far as it gets */
   moejit_status st = check_load_args(ctx, spec, out);
   if (st) return st;
   if (ep_requested(opts)) {

@@ -129,10 +129,9 @@ static moejit_status instantiate(moejit_ctx *ctx, const graph_api *a, CUgraph gr
 moejit_status moejit_graph_end_capture(moejit_ctx *ctx, moejit_stream stream, moejit_graph **out) {
   MJ_CHECK_CTX(ctx, "moejit_graph_end_capture");
   if (out) *out = NULL;
-  if (!stream || !out)
-    return mj_ctx_fail(ctx,
-                       mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_graph_end_capture: %s is NULL",
-                               !stream ? "stream" : "out"));
+  if (!stream)
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_graph_end_capture: stream is NULL"));
   const graph_api *a;
   moejit_status st = graph_api_get(ctx, &a);
   if (st || (st = mj_ctx_enter(ctx))) return st;
@@ -140,7 +139,13 @@ moejit_status moejit_graph_end_capture(moejit_ctx *ctx, moejit_stream stream, mo
   st = mj_cu_check(a->EndCapture(stream, &graph), "cuStreamEndCapture");
   if (st == MOEJIT_OK && !graph)
     st = mj_fail(MOEJIT_ERR_CUDA, "cuStreamEndCapture returned no graph");
-  if (st == MOEJIT_OK && (st = instantiate(ctx, a, graph, out))) (void)a->Destroy(graph);
+  if (st == MOEJIT_OK && !out) { /* the capture is ended all the same, and dropped */
+    (void)a->Destroy(graph);
+    st = mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                 "moejit_graph_end_capture: out is NULL (the capture was ended and dropped)");
+  } else if (st == MOEJIT_OK && (st = instantiate(ctx, a, graph, out))) {
+    (void)a->Destroy(graph);
+  }
   mj_ctx_leave(ctx);
   return st ? mj_ctx_fail(ctx, st) : MOEJIT_OK;
 }
@@ -150,6 +155,9 @@ moejit_status moejit_graph_launch(moejit_ctx *ctx, moejit_graph *graph, moejit_s
   if (!graph)
     return mj_ctx_fail(ctx,
                        mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_graph_launch: graph is NULL"));
+  if (graph->ctx != ctx)
+    return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                    "moejit_graph_launch: the graph was captured in another ctx"));
   const graph_api *a;
   moejit_status st = graph_api_get(ctx, &a);
   if (st || (st = mj_ctx_enter(ctx))) return st;

@@ -682,9 +682,9 @@ moejit_status moejit_sweep_load_string(const char *text, size_t len, const char 
 }
 
 moejit_status moejit_sweep_load_file(const char *path, moejit_sweep **out) {
+  if (out) *out = NULL;
   if (!out || !path)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_sweep_load_file: NULL argument");
-  *out = NULL;
   char *text = NULL;
   size_t len = 0;
   moejit_status st = mj_read_file(path, &text, &len);

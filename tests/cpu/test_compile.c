@@ -706,6 +706,38 @@ Test(compile, repeated_requests_skip_code_generation, .timeout = 300) {
   moejit_compiler_destroy(c);
 }
 
+/* An explicit arch is held to the spec's config rules before anything is
+ * generated: a cluster tile below sm_90, an 'a' arch before sm_90, an arch
+ * no config may name; moejit_spec_validate_arch refuses "auto". */
+Test(compile, explicit_archs_follow_the_config_rules) {
+  moejit_spec s = random_spec("explicit_arch");
+  s.gemm1.cluster_m = 2, s.gemm1.cluster_n = 1;
+  cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+  moejit_compiler *c = new_compiler(NULL, GOOD, NULL, 0);
+  moejit_kernel_report r[N_FAMILIES];
+  size_t n = 99;
+  static const char *const bad[] = {"sm_80", "sm_80a", "sm_75"};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bad); i++) {
+    cr_expect_eq(moejit_compile(c, &s, bad[i], r, N_FAMILIES, &n), MOEJIT_ERR_INVALID_ARGUMENT,
+                 "%s: %s", bad[i], moejit_last_error());
+    cr_expect(strstr(moejit_last_error(), bad[i]), "%s", moejit_last_error());
+    char *src = (char *)1;
+    cr_expect_eq(moejit_generate(c, &s, "route", bad[i], &src), MOEJIT_ERR_INVALID_ARGUMENT,
+                 "generate %s", bad[i]);
+    cr_expect_null(src);
+  }
+  cr_expect(strstr(moejit_last_error(), "cluster") || strstr(moejit_last_error(), "sm_75"), "%s",
+            moejit_last_error());
+  cr_expect_eq(mj_compiler_generated(c), 0, "nothing was generated");
+  char *src = NULL;
+  cr_expect_eq(moejit_generate(c, &s, "route", "sm_90a", &src), MOEJIT_OK, "%s",
+               moejit_last_error());
+  moejit_free(src);
+  cr_expect_eq(moejit_spec_validate_arch(&s, "auto"), MOEJIT_ERR_CONFIG);
+  cr_expect(strstr(moejit_last_error(), "'auto'"), "%s", moejit_last_error());
+  moejit_compiler_destroy(c);
+}
+
 Test(compile, unusable_cache_dir_is_a_warning) {
   moejit_spec s = random_spec("unusable_cache");
   char *file = ts_write_file(tmp, "a-file", "not a directory\n");

@@ -212,6 +212,25 @@ Test(ep_plan, unique_ids_round_trip_as_text_and_files) {
   free(dir);
 }
 
+/* An empty id file is "0 hex digits", every time: the file's text, read
+ * into a buffer nothing was appended to, is "" (it was uninitialised heap,
+ * here made dirty first so that the old read showed it). */
+Test(ep_plan, an_empty_id_file_is_an_empty_id) {
+  for (int i = 0; i < 8; i++) {
+    char *dirt = malloc(256);
+    memset(dirt, 'x', 256);
+    free(dirt);
+    char *dir = ts_mkdtemp("ep_empty_id");
+    char *path = ts_write_file(dir, "id", "");
+    moejit_nccl_id id;
+    cr_assert_eq(moejit_nccl_id_read_file(path, 0, &id), MOEJIT_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(moejit_last_error(), "0 hex digits"), "%s", moejit_last_error());
+    free(path);
+    ts_rmtree(dir);
+    free(dir);
+  }
+}
+
 Test(ep_plan, nccl_missing_is_a_clear_unsupported) {
   setenv("MOEJIT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
   int v = 123;

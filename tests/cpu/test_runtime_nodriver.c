@@ -512,6 +512,33 @@ static moejit_status ep_load(fake *f, moejit_ep_opts ep, moejit_load_report *r) 
   return st;
 }
 
+/* A load or prebuild refused up front zeroes the report it was given:
+ * a caller reading it after a failure finds no stale rows. */
+Test(runtime_nodriver, a_refused_load_zeroes_its_report) {
+  fake *f = fake_ctx();
+  moejit_spec s;
+  cr_assert_eq(moejit_spec_load_preset("qwen3-30b-a3b", &s), MOEJIT_OK);
+  s.top_k = 0; /* invalid */
+  moejit_load_report r;
+  moejit_load_opts opts;
+  moejit_load_opts_init(&opts);
+  opts.report = &r;
+  memset(&r, 0xab, sizeof r);
+  moejit_model *m = NULL;
+  cr_expect_eq(moejit_model_load_spec(&f->ctx, &s, &opts, &m), MOEJIT_ERR_CONFIG);
+  cr_expect_eq(r.n_kernels, 0);
+  cr_expect_eq(r.model[0], '\0');
+  memset(&r, 0xab, sizeof r);
+  moejit_compiler_opts co;
+  moejit_compiler_opts_init(&co);
+  moejit_compiler *c = NULL;
+  cr_assert_eq(moejit_compiler_create(&c, &co), MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect_eq(moejit_model_prebuild(c, &s, "sm_90a", "Some GPU", &opts), MOEJIT_ERR_CONFIG);
+  cr_expect_eq(r.n_kernels, 0);
+  moejit_compiler_destroy(c);
+  fake_free(f);
+}
+
 Test(runtime_nodriver, ep_options_are_checked_before_nccl) {
   setenv("MOEJIT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
   fake *f = fake_ctx();

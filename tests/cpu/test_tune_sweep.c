@@ -269,6 +269,9 @@ Test(tune_sweep, shape_that_no_space_times_is_refused) {
 Test(tune_sweep, file_errors_and_find) {
   moejit_sweep *sw = NULL;
   cr_assert_eq(moejit_sweep_load_file("/nonexistent/s.yaml", &sw), MOEJIT_ERR_IO);
+  sw = (moejit_sweep *)(uintptr_t)1;
+  cr_assert_eq(moejit_sweep_load_file(NULL, &sw), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert_null(sw, "*out is NULL on failure");
   char *dir = ts_mkdtemp("sweepfind");
   char *p = ts_write_file(dir, "mine.yaml", HEAD SPACE);
   char buf[4096];

@@ -672,6 +672,18 @@ Test(badargs_nogpu, forward_refuses_a_gemm_tile_the_device_cannot_hold) {
                 strstr(moejit_last_error(), "HINT"),
             "%s", moejit_last_error());
   cr_expect_eq(atomic_load(&fake_calls), 0, "the forward reached the driver before refusing");
+  /* the query of what the forward runs says the same; the host-only
+   * queries answer 0 and leave the ctx's last error alone */
+  char desc[256];
+  cr_expect_eq(moejit_model_gemm_choice(f.layer, "gemm1", a.tokens, desc, sizeof desc, NULL),
+               MOEJIT_ERR_UNSUPPORTED);
+  cr_expect(strstr(moejit_last_error(), "this GPU allows 1024"), "%s", moejit_last_error());
+  char before[512], after[512];
+  snprintf(before, sizeof before, "%s", moejit_ctx_last_error(f.ctx));
+  cr_expect_eq(moejit_moe_decode_layer(f.layer, a.tokens), 0);
+  cr_expect_eq(moejit_moe_gemm1_gathers(f.layer, a.tokens), 0);
+  snprintf(after, sizeof after, "%s", moejit_ctx_last_error(f.ctx));
+  cr_expect_str_eq(after, before, "a host-only query recorded an error in the ctx");
   /* With an H100's limit the same forward passes the check and launches
    * route and align (the fake model has no GEMM kernels to go further). */
   f.ctx->limits.smem_per_block_optin = 232448;

@@ -340,6 +340,27 @@ Test(layer, graph_replay_equals_eager_bitwise) {
     unsetenv("MOEJIT_GEMM1_GATHER");
   }
   cr_expect_eq(mj_ctx_module_loads(ctx), loads_before, "the forward loaded a module");
+  /* end_capture without out still ends the capture: the stream runs work
+   * again at once */
+  moejit_moe_args a = io_args(&io, 256);
+  OPS_OK(moejit_graph_begin_capture(ctx, stream));
+  OPS_OK(moejit_moe_forward(io.model, &a, stream));
+  cr_expect_eq(moejit_graph_end_capture(ctx, stream, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  OPS_OK(moejit_moe_forward(io.model, &a, stream));
+  OPS_OK(moejit_stream_synchronize(ctx, stream));
+  /* a graph replays only in the ctx that captured it; the graph's own ctx
+   * frees it (ctx NULL) */
+  moejit_graph *g = capture(&io, 256, stream);
+  moejit_ctx_opts co;
+  moejit_ctx_opts_init(&co);
+  moejit_ctx *other = NULL;
+  OPS_OK(moejit_ctx_create(&other, &co));
+  cr_expect_eq(moejit_graph_launch(other, g, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "another ctx"), "%s", moejit_last_error());
+  OPS_OK(moejit_graph_launch(ctx, g, stream));
+  OPS_OK(moejit_stream_synchronize(ctx, stream));
+  moejit_graph_destroy(NULL, g);
+  moejit_ctx_destroy(other);
   OPS_OK(moejit_stream_destroy(ctx, stream));
   io_free(&io);
   moejit_model_destroy(m);
