@@ -240,7 +240,7 @@ __device__ void write_offsets_and_tiles(int *offsets, int *tile_base, int *warp_
                                         int *__restrict__ num_tiles) {
   for (int e = threadIdx.x; e < kExperts; e += blockDim.x) {
     expert_counts[e] = offsets[e];
-    tile_base[e] = (offsets[e] + kGemmTileM - 1) / kGemmTileM;
+    tile_base[e] = offsets[e] > 0 ? (offsets[e] - 1) / kGemmTileM + 1 : 0; /* int32-safe */
   }
   __syncthreads();
   block_exclusive_scan(offsets, kBins, warp_sums);  // bin totals -> row offsets

@@ -167,7 +167,9 @@ MOEJIT_API moejit_status moejit_model_gemm_choice(const moejit_model *model, con
 typedef struct moejit_moe_args {
   int64_t tokens;          /* T, 1 .. INT32_MAX / top_k (expert-parallel: 0
                               too, for a rank without tokens this step; x,
-                              logits and out may then be NULL) */
+                              logits and out may then be NULL; at most
+                              INT32_MAX / (top_k * world), which the
+                              workspace query checks) */
   const void *x;           /* [T, d] of spec.act_dtype; 16-byte aligned */
   const void *logits;      /* [T, E] router logits of spec.logits_dtype; 16-byte aligned */
   const float *route_bias; /* [E] fp32 selection bias (sigmoid rule) or NULL;

@@ -135,6 +135,14 @@ static moejit_status check_shape(const checker *c) {
   if ((st = check_range(c, MJ_F_HIDDEN, 8, 1048576, 8))) return st;
   if ((st = check_range(c, MJ_F_EXPERT_WIDTH, 8, 1048576, 8))) return st;
   if ((st = check_range(c, MJ_F_EXPERTS, 1, 1024, 1))) return st;
+  /* one expert's W1 (2f x d) is indexed with int32 offsets in the kernels */
+  const int64_t d = val(c, MJ_F_HIDDEN), f = val(c, MJ_F_EXPERT_WIDTH);
+  if (2 * d * f >= ((int64_t)1 << 31))
+    return fail(c, "model.expert_width", INVOLVED(MJ_F_HIDDEN, MJ_F_EXPERT_WIDTH),
+                "hidden %lld x expert_width %lld: one expert's W1 holds 2 x %lld x %lld = %lld "
+                "elements, more than the kernels' 32-bit offsets reach (allowed hidden * "
+                "expert_width < 2^30 = 1073741824)",
+                (long long)d, (long long)f, (long long)f, (long long)d, (long long)(2 * d * f));
   int64_t k = val(c, MJ_F_TOP_K), e = val(c, MJ_F_EXPERTS), hi = e < 32 ? e : 32;
   if (k < 1 || k > 32)
     return fail(c, "model.top_k", INVOLVED(MJ_F_TOP_K),

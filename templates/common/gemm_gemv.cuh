@@ -249,8 +249,8 @@ __device__ __forceinline__ void mj_gemv_for_each(const int *offsets, int max_row
     const int first = mj_clamped_offset(offsets, e, max_rows);
     const int end = mj_clamped_offset(offsets, e + 1, max_rows);
 #pragma unroll 1
-    for (int row0 = first; row0 < end; row0 += kGemvPassRows) {
-      const int rows = end - row0 < kGemvPassRows ? end - row0 : kGemvPassRows;
+    for (int row0 = first, rows; row0 < end; row0 += rows) { /* row0 + rows <= end: no wrap */
+      rows = end - row0 < kGemvPassRows ? end - row0 : kGemvPassRows;
       mj_gemv_run(unit, e, g, row0, rows);
     }
   }

@@ -57,7 +57,7 @@ __device__ bool mj_gemm_find_tile(const int *offsets, int max_rows, int n_tiles,
   const int hi = mj_clamped_offset(offsets, e + 1, max_rows);
   t->expert = e;
   t->row0 = lo + (slot - (lo / TM + e)) * TM;
-  t->row_end = t->row0 + TM < hi ? t->row0 + TM : hi;
+  t->row_end = hi - t->row0 > TM ? t->row0 + TM : hi; /* by difference: row0 + TM may pass INT32_MAX */
   return t->row0 < hi;
 }
 

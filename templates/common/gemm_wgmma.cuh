@@ -360,7 +360,7 @@ __device__ __forceinline__ void mj_wg_build_table(int *table, const int *offsets
   for (int e = e0; e < e0 + kPer && e < EXPERTS; ++e) {
     const int lo = mj_clamped_offset(offsets, e, max_rows);
     const int hi = mj_clamped_offset(offsets, e + 1, max_rows);
-    const int tiles = hi > lo ? (hi - lo + TM - 1) / TM : 0;
+    const int tiles = hi > lo ? (hi - lo - 1) / TM + 1 : 0; /* no count + TM - 1: int32 */
     table[e + 1] = tiles;
     sum += tiles;
   }
@@ -419,7 +419,7 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_tile(const int *table, const int *
   t.expert = lo;
   if (CN == 2) t.n_tile = 2 * t.n_tile + rank;
   t.row0 = first + ((mt - table[lo]) * CM + (CM == 2 ? rank : 0)) * TM;
-  t.row_end = t.row0 >= end ? t.row0 : (t.row0 + TM < end ? t.row0 + TM : end);
+  t.row_end = t.row0 >= end ? t.row0 : (end - t.row0 > TM ? t.row0 + TM : end);
   return t;
 }
 
@@ -492,7 +492,7 @@ __device__ __forceinline__ mj_gemm_tile mj_wg_item(const mj_wg_sched &q, const i
                                                                q.whole + u / q.parts, rank);
   if (q.ksplit) return t;
   const int row0 = t.row0 + (u & 1) * S::kWgRows;
-  const int end = row0 + S::kWgRows < t.row_end ? row0 + S::kWgRows : t.row_end;
+  const int end = t.row_end - row0 > S::kWgRows ? row0 + S::kWgRows : t.row_end;
   t.row0 = row0;
   t.row_end = end > row0 ? end : row0;
   return t;

@@ -599,6 +599,18 @@ Test(config_validate, init_needs_a_shape) {
   cr_assert_eq(moejit_spec_validate(NULL), MOEJIT_ERR_INVALID_ARGUMENT);
 }
 
+/* One expert's W1 (2f x d elements) must fit the kernels' int32 offsets:
+ * refused as a config error, not at NVRTC's static_assert. */
+Test(config_validate, expert_weights_fit_int32_offsets) {
+  moejit_spec s = valid_spec();
+  s.hidden = 32768, s.expert_width = 32768;
+  expect_invalid(&s,
+                 "model.expert_width: hidden 32768 x expert_width 32768: one expert's W1 "
+                 "holds 2 x 32768 x 32768 = 2147483648 elements");
+  s.expert_width = 32760; /* 2 x 32768 x 32760 < 2^31 */
+  cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+}
+
 Test(config_validate, every_field_is_named) {
   moejit_spec s = valid_spec();
   s.name[0] = '\0';
