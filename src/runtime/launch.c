@@ -87,11 +87,17 @@ static moejit_status check_launch(const moejit_ctx *ctx, const char *call, const
   return st;
 }
 
-/* Above 48 KiB a kernel must opt in. We raise its limit straight to the
- * most it can have: every thread then sets the same value, so concurrent
- * launches with different sizes cannot undo each other. ctx pushed. */
+/* Above 48 KiB of static plus dynamic shared memory a kernel must opt in
+ * (a kernel with static shared memory needs it below 48 KiB of dynamic:
+ * 48 KiB of dynamic beside a few bytes of static was refused by the launch,
+ * CUDA_ERROR_INVALID_VALUE). We raise its limit straight to the most it can
+ * have: every thread then sets the same value, so concurrent launches with
+ * different sizes cannot undo each other. ctx pushed. */
 static moejit_status raise_smem_limit(moejit_ctx *ctx, const launch_target *t, unsigned smem) {
-  if (smem <= MJ_SMEM_DEFAULT_LIMIT) return MOEJIT_OK;
+  if (smem == 0) return MOEJIT_OK;
+  /* without the function's info, the driver's attribute below decides */
+  if (t->info && (unsigned long long)smem + (unsigned)t->info->static_smem <= MJ_SMEM_DEFAULT_LIMIT)
+    return MOEJIT_OK;
   if (t->smem_limit && (unsigned)atomic_load(t->smem_limit) >= smem) return MOEJIT_OK;
   const mj_driver *d = ctx->d;
   int current = 0, static_smem = 0;

@@ -84,6 +84,39 @@ Test(tune_sweep, shipped_sweeps_load) {
   moejit_sweep_destroy(sw);
 }
 
+/* The sweep for GPUs without wgmma: mma.sync and gemv only; on sm_86 the
+ * tiles over its 99 KiB are pruned by that limit before compiling, and
+ * AUTO's own candidates are the presets' tiles fitted to it. */
+Test(tune_sweep, mma_presets_fit_each_arch) {
+  moejit_sweep *sw = NULL;
+  cr_assert_eq(moejit_sweep_load_file(SWEEPS "mma-presets.yaml", &sw), MOEJIT_OK, "%s",
+               moejit_last_error());
+  cr_assert_str_eq(moejit_sweep_name(sw), "mma-presets");
+  cr_assert_str_eq(sw->arch, "sm_80");
+  cr_assert_eq(sw->n_shapes, 4);
+  static const char *const archs[] = {"sm_80", "sm_86", "sm_100"};
+  for (size_t a = 0; a < MJ_ARRAY_LEN(archs); a++) {
+    mj_tune_plan p;
+    cr_assert_eq(mj_tune_plan_build(sw, archs[a], &p), MOEJIT_OK, "%s", moejit_last_error());
+    const int limit = mj_arch_smem_optin(archs[a]);
+    size_t kept_n = 0;
+    for (size_t i = 0; i < p.n; i++) {
+      const mj_tune_cand *c = &p.cands[i];
+      if (c->pruned) continue;
+      kept_n++;
+      cr_assert(c->path == MOEJIT_GEMM_PATH_MMA || c->path == MOEJIT_GEMM_PATH_GEMV);
+      if (c->path == MOEJIT_GEMM_PATH_MMA)
+        cr_assert_leq(mj_gemm_smem_bytes(&c->cfg, 2), (size_t)limit, "%s: %dx%dx%d s%d", archs[a],
+                      c->cfg.tile_m, c->cfg.tile_n, c->cfg.tile_k, c->cfg.stages);
+    }
+    cr_assert_gt(kept_n, 300, "%s: %zu candidates", archs[a], kept_n);
+    if (limit < 232448)
+      cr_assert_gt(reason_count(&p, "shared memory (over the arch's limit)"), 0, "%s", archs[a]);
+    mj_tune_plan_free(&p);
+  }
+  moejit_sweep_destroy(sw);
+}
+
 Test(tune_sweep, ranges_lists_and_defaults) {
   moejit_sweep *sw = load(
       "name: r\n"
