@@ -43,7 +43,7 @@ build: configure
 
 run: build
 	./$(BUILD_DIR)/moejit run --cache-dir cache
-	./$(BUILD_DIR)/moejit info
+	./$(BUILD_DIR)/moejit info --cache-dir cache
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

@@ -10,27 +10,26 @@
 #define MAX_REPORTS 64
 
 static void compile_usage(FILE *f) {
-  fprintf(
-      f,
-      "usage: moejit compile [CONFIG | --preset NAME] [options]\n"
-      "\n"
-      "Generates every kernel of a config and compiles it with NVRTC for the\n"
-      "target arch, through the on-disk cache. Works without a GPU.\n"
-      "With no CONFIG, the embedded default preset (%s).\n"
-      "\n"
-      "options:\n"
-      "  --preset NAME      an embedded preset instead of a file\n"
-      "  --arch ARCH        target arch (e.g. sm_90a, sm_80); default: the config's\n"
-      "  --jobs N           compile threads (default: all CPUs)\n"
-      "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, ~/.cache/moejit)\n"
-      "  --no-cache         compile without the disk cache\n"
-      "  --emit-dir DIR     also write each kernel's .cu, .ptx and .cubin to DIR\n"
-      "  --device NAME      build what a model load builds on that GPU (its name as\n"
-      "                     'moejit info' shows it, e.g. \"NVIDIA H100 80GB HBM3\"):\n"
-      "                     the GEMM variants of its tuned table too, so a load there\n"
-      "                     finds every kernel in the cache\n"
-      "  --json             print one JSON object instead of a table\n",
-      moejit_default_preset());
+  fprintf(f,
+          "usage: moejit compile [CONFIG | --preset NAME] [options]\n"
+          "\n"
+          "Generates every kernel of a config and compiles it with NVRTC for the\n"
+          "target arch, through the on-disk cache. Works without a GPU.\n"
+          "With no CONFIG, the embedded default preset (%s).\n"
+          "\n"
+          "options:\n"
+          "  --preset NAME      an embedded preset instead of a file\n"
+          "  --arch ARCH        target arch (e.g. sm_90a, sm_80); default: the config's\n"
+          "  --jobs N           compile threads (default: all CPUs)\n"
+          "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, XDG/HOME)\n"
+          "  --no-cache         compile without the disk cache\n"
+          "  --emit-dir DIR     also write each kernel's .cu, .ptx and .cubin to DIR\n"
+          "  --device NAME      build what a model load builds on that GPU (its name as\n"
+          "                     'moejit info' shows it, e.g. \"NVIDIA H100 80GB HBM3\"):\n"
+          "                     the GEMM variants of its tuned table too, so a load there\n"
+          "                     finds every kernel in the cache\n"
+          "  --json             print one JSON object instead of a table\n",
+          moejit_default_preset());
 }
 
 static void print_table(const moejit_spec *spec, const char *dir, const moejit_kernel_report *r,

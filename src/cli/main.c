@@ -16,7 +16,7 @@ static void usage(FILE *f) {
           "  gen [CONFIG | --preset NAME] --kernel NAME   print a kernel's generated CUDA source\n"
           "  cache stats|list|verify|prune|clear  inspect and maintain the cubin cache\n"
           "  tune SWEEP                         autotune the GEMM tiles of a sweep (docs/tune.md)\n"
-          "  info                               driver, GPUs, NVRTC and cache\n"
+          "  info                               driver, GPUs, NVRTC, NCCL and cache\n"
           "\n"
           "options:\n"
           "  --help       help for moejit or for a command (moejit compile --help)\n"

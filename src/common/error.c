@@ -1,5 +1,5 @@
-/* Per-thread last-error message and the status names: the error model of
- * DESIGN.md (every call returns a status; details are kept, never printed). */
+/* Per-thread last-error message and the status names: the library's error
+ * model (every call returns a status; details are kept, never printed). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -27,6 +27,10 @@ int mj_arch_parse(const char *arch, int *has_a_suffix);
  * capability); 0 for "auto", NULL or an arch not in the table. */
 int mj_arch_smem_optin(const char *arch);
 
+/* 1 when arch is one a config may name as target.arch, "auto" aside
+ * (mj_arch_allowed lists them): sm_75 or sm_80a are not. */
+int mj_arch_supported(const char *arch);
+
 /* Shared-memory bytes a GEMM tile config needs for its pipeline stages
  * (A and B tiles per stage), given the operand dtype size. */
 size_t mj_gemm_smem_bytes(const moejit_gemm_cfg *g, size_t elem_bytes);

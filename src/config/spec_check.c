@@ -245,6 +245,10 @@ static int arch_known(const char *arch) {
   return 0;
 }
 
+int mj_arch_supported(const char *arch) {
+  return arch && strcmp(arch, "auto") != 0 && strlen(arch) < MOEJIT_ARCH_MAX && arch_known(arch);
+}
+
 static moejit_status check_arch(const checker *c, int i) {
   const char *arch = c->s->archs[i];
   mj_field f = (mj_field)(MJ_F_ARCH0 + i);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "config/config.h"
 #include "ops/gemm.h"
 #include "tune/tune.h"
 #include "tune/tuned_table.h"
@@ -921,6 +922,11 @@ moejit_status moejit_tune_run(moejit_ctx *ctx, const moejit_sweep *sweep,
   if (!sweep) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_tune_run: sweep is NULL");
   mj_tune_backend be;
   const char *arch = opts && opts->arch ? opts->arch : sweep->arch;
+  if (!mj_arch_supported(arch))
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "moejit_tune_run: arch '%.40s' is not an arch moejit targets (one of %s, "
+                   "'auto' aside)",
+                   arch, mj_arch_allowed());
   moejit_status st = ctx ? mj_tune_gpu_backend(ctx, &be)
                          : mj_tune_compile_backend(opts ? opts->compiler : NULL, arch, &be);
   if (st) return st;

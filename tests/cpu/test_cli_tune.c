@@ -196,6 +196,10 @@ Test(cli_tune, options) {
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--check-between", "0"), 2);
   USAGE_ERROR("--check-tolerance: '-2' is not a percentage", "", "--check-tolerance", "-2");
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, "--frob"), 2);
+  /* an arch no config may name, before anything is planned */
+  cr_assert_eq(TUNE(NULL, &err, SMOKE, "--dry-run", "--arch", "sm_75"), 2);
+  cr_assert(strstr(err, "arch 'sm_75' is not an arch moejit targets"), "%s", err);
+  free(err);
   cr_assert_eq(TUNE(NULL, NULL, SMOKE, SMOKE), 2, "one SWEEP");
   cr_assert_eq(ts_run_cli((const char *const[]){"--help", NULL}, NULL, &out, NULL), 0);
   cr_assert(strstr(out, "tune SWEEP"), "the command list names tune: %s", out);

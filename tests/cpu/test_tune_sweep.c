@@ -261,7 +261,9 @@ Test(tune_sweep, errors_name_line_col_and_key) {
              NULL);
   load_fails("name: e f\ntokens: [1]\nshapes: [olmoe-1b-7b]\n" SPACE, "key 'name'", "not a name");
   load_fails("name: e\narch: auto\ntokens: [1]\nshapes: [olmoe-1b-7b]\n" SPACE, "key 'arch'",
-             "not auto");
+             "'auto' aside");
+  load_fails("name: e\narch: sm_75\ntokens: [1]\nshapes: [olmoe-1b-7b]\n" SPACE, "key 'arch'",
+             "'auto' aside");
   load_fails("name: e\ntokens: [1\n", "t.yaml:", "malformed YAML");
 }
 
