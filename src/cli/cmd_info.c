@@ -36,7 +36,7 @@ typedef struct info_report {
   moejit_cache_stats cache;
   char cache_dir[MOEJIT_PATH_MAX];
   char cache_error[1024];
-  int nccl_version;      /* 0: not available */
+  char nccl_version[32]; /* "2.28.9", or "" when not available */
   char nccl_error[1024]; /* why not */
 } info_report;
 
@@ -93,13 +93,12 @@ static void gather(info_report *r, const char *cache_dir) {
     snprintf(r->nvrtc_archs, sizeof r->nvrtc_archs, "?");
   gather_devices(r);
   gather_cache(r, cache_dir);
-  if (moejit_nccl_version(&r->nccl_version) != MOEJIT_OK)
+  int v = 0; /* NCCL's code: X*10000 + Y*100 + Z from 2.9, the oldest moejit takes */
+  if (moejit_nccl_version(&v) == MOEJIT_OK)
+    snprintf(r->nccl_version, sizeof r->nccl_version, "%d.%d.%d", v / 10000, (v / 100) % 100,
+             v % 100);
+  else
     snprintf(r->nccl_error, sizeof r->nccl_error, "%s", moejit_last_error());
-}
-
-/* NCCL's version code as X.Y.Z (X*10000 + Y*100 + Z from 2.9 on). */
-static void nccl_version_text(int v, char *buf, size_t cap) {
-  snprintf(buf, cap, "%d.%d.%d", v / 10000, (v / 100) % 100, v % 100);
 }
 
 static void report_free(info_report *r) {
@@ -121,13 +120,10 @@ static void print_text(const info_report *r) {
            r->driver_version);
   else
     printf("CUDA driver: none\n");
-  if (r->nccl_version) {
-    char v[32];
-    nccl_version_text(r->nccl_version, v, sizeof v);
-    printf("NCCL %s (expert parallelism)\n", v);
-  } else {
+  if (r->nccl_version[0])
+    printf("NCCL %s (expert parallelism)\n", r->nccl_version);
+  else
     printf("NCCL: none (expert parallelism only): %s\n", r->nccl_error);
-  }
   if (r->no_gpu[0]) printf("no GPU: %s\n", r->no_gpu);
   for (int i = 0; i < r->n_devices; i++) {
     const moejit_device_info *d = &r->devices[i];
@@ -184,10 +180,8 @@ static void print_json(const info_report *r) {
   printf(",\"nvrtc\":{\"version\":\"%d.%d\",\"archs\":", r->nvrtc_major, r->nvrtc_minor);
   print_json_archs(r->nvrtc_archs);
   printf("},\"nccl\":");
-  if (r->nccl_version) {
-    char v[32];
-    nccl_version_text(r->nccl_version, v, sizeof v);
-    printf("{\"version\":\"%s\",\"error\":null}", v);
+  if (r->nccl_version[0]) {
+    printf("{\"version\":\"%s\",\"error\":null}", r->nccl_version);
   } else {
     printf("{\"version\":null,\"error\":");
     cli_json_str(stdout, r->nccl_error);

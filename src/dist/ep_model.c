@@ -171,8 +171,7 @@ moejit_status mj_ep_model_load(moejit_ctx *ctx, const moejit_spec *spec, const c
                                const moejit_load_opts *opts, moejit_model **out) {
   const double t_start = mj_now_ms();
   const moejit_ep_opts *e = &opts->ep;
-  if (opts->report) memset(opts->report, 0, sizeof *opts->report); /* as far as it gets */
-  moejit_status st = check_ep_opts(spec, e);
+  moejit_status st = check_ep_opts(spec, e); /* the report: zeroed by mj_model_load_with */
   if (st) return mj_ctx_fail(ctx, st);
   const mj_nccl *n = NULL;
   if ((st = mj_nccl_get(&n))) return mj_ctx_fail(ctx, mj_fail_prefix(st, "%s", op));

@@ -268,8 +268,7 @@ moejit_status mj_gemm_choice_fits(const mj_gemm_choice *c, int which, int64_t to
   return mj_fail(MOEJIT_ERR_UNSUPPORTED,
                  "%s: at T = %lld, GEMM %d's kernel '%s' (a %dx%d tile) needs %u bytes of shared "
                  "memory a block, and this GPU allows %d; HINT: give kernels.gemm%d fewer stages "
-                 "or a smaller tile for this GPU (the presets' tiles are the H100's), or tune one "
-                 "(moejit tune)",
+                 "or a smaller tile for this GPU, or tune one (moejit tune)",
                  op, (long long)tokens, which, c->plan.entry, c->plan.tile_m, c->plan.tile_n,
                  c->plan.smem_bytes, smem_optin, which);
 }

@@ -105,10 +105,10 @@ moejit_status mj_gemm_choose(const moejit_spec *spec, const mj_gemm_variants *v,
                              int64_t tokens, const char *arch, mj_gemm_choice *c);
 /* UNSUPPORTED, naming `op`, the GEMM, its kernel and tile, when the
  * choice's plan asks more shared memory than a block may have on the
- * device (smem_optin bytes; 0: unknown, no check): the spec's tiles are
- * checked against the H100's 227 KiB when the config loads, a smaller GPU
- * (an A100: 163 KiB, sm_86/89: 99 KiB) needs a smaller tile or fewer
- * stages. */
+ * device (smem_optin bytes; 0: unknown, no check). The plan already fits
+ * AUTO's mma.sync tile to the arch's table (mj_arch_smem_optin); this is
+ * the device's own word, for a tile run as named or a device that allows
+ * less than its arch's table. */
 moejit_status mj_gemm_choice_fits(const mj_gemm_choice *c, int which, int64_t tokens,
                                   int smem_optin, const char *op);
 
