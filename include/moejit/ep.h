@@ -75,6 +75,13 @@ typedef struct moejit_ep_opts {
    * Every rank must own at least one expert. A rank's local experts are its
    * experts in increasing id order; its w1/w2 hold exactly those. */
   const int32_t *expert_owner;
+  /* Longest a host wait on this model's exchanges may go without the work
+   * finishing, in ms: the exact forward waits for its count exchange inside
+   * moejit_moe_forward, and moejit_model_ep_wait with a negative timeout
+   * takes this. Past it the model fails (moejit_model_ep_wait says how).
+   * 0: no limit (NCCL's own behaviour: a peer that never answers is waited
+   * for), though an error NCCL reports still ends the wait. >= 0. */
+  int timeout_ms;
 } moejit_ep_opts;
 
 /* What an expert-parallel model holds. */
@@ -83,6 +90,18 @@ typedef struct moejit_ep_info {
   int local_experts;     /* experts this rank computes */
   int owns_comm;         /* 1: the model made the communicator and destroys it */
   int nccl_version;
+  int timeout_ms; /* opts.ep.timeout_ms of the load */
+  /* 1 once the model has failed (an NCCL call failed, NCCL reported an
+   * error, a wait timed out, or moejit_model_ep_abort): its forwards are
+   * refused from then on, and moejit_last_error() of such a refusal says
+   * what failed first. */
+  int failed;
+  /* 1 while the abort of the model's communicator has not returned: within
+   * a node NCCL can wait for a dead peer even to free a communicator, for
+   * ever. The model's calls return all the same, but the process should
+   * end (tearing down CUDA under that abort is not safe): _exit rather
+   * than exit. */
+  int abort_pending;
 } moejit_ep_info;
 
 /* INVALID_ARGUMENT for NULL; UNSUPPORTED for a model loaded without
@@ -103,6 +122,40 @@ MOEJIT_API moejit_status moejit_model_ep_local_experts(const moejit_model *model
 MOEJIT_API moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send,
                                             void *recv, size_t bytes_per_rank,
                                             moejit_stream stream);
+
+/* Waits until the work enqueued on `stream` has finished, watching the
+ * model's communicator meanwhile: the way to wait for an expert-parallel
+ * forward, since a plain stream synchronize waits for ever when a peer has
+ * died or stopped calling the forward. timeout_ms: the longest wait, 0 for
+ * no limit, negative for the load's opts.ep.timeout_ms.
+ *
+ * OK once the stream is done. Otherwise the model fails, and:
+ *  - MOEJIT_ERR_CUDA when NCCL reports an error on the communicator
+ *    (ncclCommGetAsyncError: a peer that died, a network failure), or the
+ *    model had already failed;
+ *  - MOEJIT_ERR_TIMEOUT when timeout_ms passes first.
+ * A communicator the model made is then aborted (ncclCommAbort, which ends
+ * NCCL's work on the stream; the wait lets the stream drain, up to 10 s,
+ * and the message says if it did not). The abort runs on a thread of its
+ * own and is waited for 5 s at most: within a node NCCL can wait for a
+ * dead peer even to free a communicator, and then the message and
+ * moejit_ep_info.abort_pending say that the process should end. A caller's
+ * communicator
+ * (opts.ep.nccl_comm) is left to the caller: abort it to end that work.
+ * Either way the model refuses every later forward; destroy it and load it
+ * again on every rank. INVALID_ARGUMENT for NULL, UNSUPPORTED for a model
+ * of one GPU. Thread-safe. */
+MOEJIT_API moejit_status moejit_model_ep_wait(const moejit_model *model, moejit_stream stream,
+                                              int timeout_ms);
+
+/* Gives up on the model's exchanges, from any thread (for instance a
+ * watchdog's, while another thread waits in a forward or a stream
+ * synchronize): the model fails as above, and a communicator it made is
+ * aborted at once (returning within 5 s, as above), which ends the waits
+ * on its NCCL work. A caller's
+ * communicator is only marked: abort it yourself. The model's later
+ * forwards are refused; destroy it. OK also when it had failed already. */
+MOEJIT_API moejit_status moejit_model_ep_abort(const moejit_model *model);
 
 /* Phase events an expert-parallel forward records when the caller passes
  * them (moejit_moe_args.ep_events, MOEJIT_EP_EVENTS of them):

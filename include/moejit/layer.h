@@ -191,8 +191,9 @@ typedef struct moejit_moe_args {
   /* Expert-parallel models only (docs/ep.md); ignored otherwise.
    * ep_capacity: rows each rank sends to each peer.
    *   0: exact. Ranks first exchange their counts, the host waits for them
-   *      (one stream synchronization per forward; cannot be captured in a
-   *      CUDA graph) and exactly the routed rows move.
+   *      (one wait per forward, as moejit_model_ep_wait waits, up to
+   *      opts.ep.timeout_ms of the load; cannot be captured in a CUDA
+   *      graph) and exactly the routed rows move.
    *   > 0: fixed capacity, the same on every rank. Nothing waits on the
    *      host, so the forward can be captured and replayed. A token whose
    *      experts on a peer would be its (capacity+1)-th row to that peer is

@@ -75,10 +75,11 @@ typedef enum moejit_status {
   MOEJIT_ERR_CUDA = 9,             /* a CUDA driver call failed */
   MOEJIT_ERR_UNSUPPORTED = 10,     /* valid request this build/GPU cannot do */
   MOEJIT_ERR_NOT_FOUND = 11,       /* named preset, kernel or entry unknown */
-  MOEJIT_ERR_INTERNAL = 12         /* a bug in moejit: please report it */
+  MOEJIT_ERR_INTERNAL = 12,        /* a bug in moejit: please report it */
+  MOEJIT_ERR_TIMEOUT = 13          /* a wait passed its time limit */
 } moejit_status;
 
-#define MOEJIT_STATUS_COUNT 13
+#define MOEJIT_STATUS_COUNT 14
 
 /* A short constant name for a status ("invalid argument"); never NULL, also
  * for values outside the enum ("unknown status"). */

@@ -60,9 +60,12 @@ static void run_usage(FILE *f) {
           "  --ep-device D      this rank's GPU (default: R modulo the GPU count)\n"
           "  --ep-route MODE    uniform (default), one-rank (every token's experts on rank\n"
           "                     0) or idle-rank (the last rank has no tokens)\n"
+          "  --ep-timeout S     a rank whose exchanges make no progress for S seconds (a\n"
+          "                     peer died or hangs) aborts its communicator and exits 1\n"
+          "                     (default %d; 0: wait for ever)\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime or check failure, 2 usage or config error\n",
-          moejit_default_preset());
+          moejit_default_preset(), RUN_EP_TIMEOUT_S);
 }
 
 static int parse_tokens(const char *text, run_args *a) {
@@ -132,6 +135,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
     } else if (cli_opt_value(argc, argv, &i, "--ep-rank", &v, &bad)) {
       if (bad || !cli_parse_int("--ep-rank", v, 0, MOEJIT_EP_MAX_WORLD - 1, &a->ep_rank))
         return CLI_EXIT_USAGE;
+    } else if (cli_opt_value(argc, argv, &i, "--ep-timeout", &v, &bad)) {
+      if (bad || !cli_parse_int("--ep-timeout", v, 0, 86400, &a->ep_timeout_s))
+        return CLI_EXIT_USAGE;
+      a->ep_timeout_given = 1;
     } else if (cli_opt_value(argc, argv, &i, "--ep-device", &v, &bad)) {
       if (bad || !cli_parse_int("--ep-device", v, 0, 1023, &a->ep_device)) return CLI_EXIT_USAGE;
     } else if (cli_opt_value(argc, argv, &i, "--ep-id-file", &a->ep_id_file, &bad) ||
@@ -161,8 +168,11 @@ static int parse_args(int argc, char **argv, run_args *a) {
     fprintf(stderr, "moejit: --vs-heuristic applies to the one-GPU run; leave it out with --ep\n");
     return CLI_EXIT_USAGE;
   }
-  if (!a->ep && (a->ep_rank >= 0 || a->ep_id_file || a->ep_route || a->ep_device >= 0)) {
-    fprintf(stderr, "moejit: --ep-rank, --ep-id-file, --ep-device and --ep-route need --ep N\n");
+  if (!a->ep && (a->ep_rank >= 0 || a->ep_id_file || a->ep_route || a->ep_device >= 0 ||
+                 a->ep_timeout_given)) {
+    fprintf(stderr,
+            "moejit: --ep-rank, --ep-id-file, --ep-device, --ep-route and --ep-timeout need "
+            "--ep N\n");
     return CLI_EXIT_USAGE;
   }
   if (a->ep_rank >= a->ep && a->ep) {
@@ -350,6 +360,7 @@ int cli_run(int argc, char **argv) {
   run_args a = {.iters = 20,
                 .ep_rank = -1,
                 .ep_device = -1,
+                .ep_timeout_s = RUN_EP_TIMEOUT_S,
                 .ceil_tflops = RUN_CEIL_TFLOPS,
                 .ceil_tbps = RUN_CEIL_TBPS};
   int rc = parse_args(argc, argv, &a);

@@ -69,6 +69,14 @@ typedef struct ep_rank {
     if (st_) return st_;        \
   } while (0)
 
+/* Waits for the rank's stream. Once the expert-parallel model is loaded,
+ * through it: a peer that died, or no progress for --ep-timeout, ends the
+ * wait with an error (and aborts the communicator) instead of hanging. */
+static moejit_status wait_stream(const ep_rank *r) {
+  return r->ep ? moejit_model_ep_wait(r->ep, r->stream, -1)
+               : moejit_stream_synchronize(r->ctx, r->stream);
+}
+
 /* ---- setup ----------------------------------------------------------------- */
 
 static moejit_status get_id(const ep_rank *r, moejit_nccl_id *id) {
@@ -98,6 +106,7 @@ static moejit_status load(ep_rank *r) {
   o.ep.world = r->world;
   o.ep.rank = r->rank;
   o.ep.nccl_id = &id;
+  o.ep.timeout_ms = r->a->ep_timeout_s * 1000;
   TRY(moejit_model_load_config(r->ctx, what, &o, &r->ep));
   r->spec = *moejit_model_spec(r->ep);
   TRY(moejit_model_load_config(r->ctx, what, NULL, &r->single));
@@ -139,7 +148,7 @@ static moejit_status make_weights(ep_rank *r) {
     TRY(moejit_memcpy_dtod(r->ctx, (char *)r->lw2 + i * e2 * es, (char *)r->w2 + e * e2 * es,
                            e2 * es, r->stream));
   }
-  return moejit_stream_synchronize(r->ctx, r->stream);
+  return wait_stream(r);
 }
 
 static size_t row_bytes(const moejit_spec *s) {
@@ -186,7 +195,7 @@ static moejit_status make_inputs(ep_rank *r, int64_t t) {
   }
   if (!st) run_pack(s->logits_dtype, l, packed, n);
   if (!st) st = moejit_memcpy_htod(r->ctx, r->logits, packed, n * lsz, r->stream);
-  if (!st) st = moejit_stream_synchronize(r->ctx, r->stream);
+  if (!st) st = wait_stream(r);
   free(l);
   free(packed);
   return st;
@@ -234,7 +243,7 @@ static moejit_status run_once(ep_rank *r, const moejit_model *m, const moejit_mo
   if (bytes) TRY(moejit_memset_d32(r->ctx, r->out, 0xffffffffu, bytes / 4, r->stream));
   TRY(graph ? moejit_graph_launch(r->ctx, graph, r->stream) : moejit_moe_forward(m, a, r->stream));
   if (bytes) TRY(moejit_memcpy_dtoh(r->ctx, host, r->out, bytes, r->stream));
-  return moejit_stream_synchronize(r->ctx, r->stream);
+  return wait_stream(r);
 }
 
 static double rel_err(const moejit_spec *s, const void *got, const void *ref, size_t n) {
@@ -261,7 +270,7 @@ static moejit_status check_f64(ep_rank *r, int64_t t, const void *host, ep_point
   moejit_status st = ids && w && ref ? MOEJIT_OK : MOEJIT_ERR_OUT_OF_MEMORY;
   if (!st) st = moejit_memcpy_dtoh(r->ctx, ids, r->ids, (size_t)t * k * 4, r->stream);
   if (!st) st = moejit_memcpy_dtoh(r->ctx, w, r->weights, (size_t)t * k * 4, r->stream);
-  if (!st) st = moejit_stream_synchronize(r->ctx, r->stream);
+  if (!st) st = wait_stream(r);
   if (!st) {
     for (size_t i = 0; i < n; i++) {
       tok[i] = n == (size_t)t ? (int64_t)i : (int64_t)i * (t - 1) / (int64_t)(n - 1);
@@ -327,7 +336,7 @@ static moejit_status check_point(ep_rank *r, ep_point *p, moejit_graph **graph, 
   if (!st && t > 0) p->err_capacity = rel_err(&r->spec, got, ref, n);
   int32_t dropped = 0;
   if (!st) st = moejit_memcpy_dtoh(r->ctx, &dropped, r->dropped, 4, r->stream);
-  if (!st) st = moejit_stream_synchronize(r->ctx, r->stream);
+  if (!st) st = wait_stream(r);
   p->dropped = dropped;
   /* capture the capacity forward (its phase events inside) and the
    * single-GPU layer; the replay must give the eager bits */
@@ -386,16 +395,16 @@ static moejit_status time_point(ep_rank *r, ep_point *p, moejit_graph *graph, mo
       st = moejit_event_record(r->ctx, r->t0, r->stream);
       if (!st) st = moejit_graph_launch(r->ctx, g1, r->stream);
       if (!st) st = moejit_event_record(r->ctx, r->t1, r->stream);
-      if (!st) st = moejit_event_synchronize(r->ctx, r->t1);
+      if (!st) st = wait_stream(r);
       if (!st) st = elapsed(r, r->t0, r->t1, &ms[0]);
     }
     if (!st) st = moejit_event_record(r->ctx, r->t0, r->stream); /* exact, eager */
     if (!st) st = moejit_moe_forward(r->ep, &ea, r->stream);
     if (!st) st = moejit_event_record(r->ctx, r->t1, r->stream);
-    if (!st) st = moejit_event_synchronize(r->ctx, r->t1);
+    if (!st) st = wait_stream(r);
     if (!st) st = elapsed(r, r->t0, r->t1, &ms[1]);
     if (!st) st = moejit_graph_launch(r->ctx, graph, r->stream); /* capacity, graph */
-    if (!st) st = moejit_event_synchronize(r->ctx, r->ev[MOEJIT_EP_EVENTS - 1]);
+    if (!st) st = wait_stream(r);
     for (int ph = 0; ph < 5 && !st; ph++) st = elapsed(r, r->ev[ph], r->ev[ph + 1], &ms[3 + ph]);
     if (!st) st = elapsed(r, r->ev[0], r->ev[5], &ms[2]);
     if (!st && r->world > 1) { /* NCCL's all-to-all of the dispatch's size */
@@ -403,7 +412,7 @@ static moejit_status time_point(ep_rank *r, ep_point *p, moejit_graph *graph, mo
       st = moejit_event_record(r->ctx, r->t0, r->stream);
       if (!st) st = moejit_ep_alltoall(r->ep, r->a2a_send, r->a2a_recv, bytes, r->stream);
       if (!st) st = moejit_event_record(r->ctx, r->t1, r->stream);
-      if (!st) st = moejit_event_synchronize(r->ctx, r->t1);
+      if (!st) st = wait_stream(r);
       if (!st) st = elapsed(r, r->t0, r->t1, &ms[8]);
     }
     if (at >= 0)
@@ -520,7 +529,7 @@ static void release(ep_rank *r) {
   if (r->ctx) {
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
       if (bufs[i]) (void)moejit_mem_free(r->ctx, bufs[i], r->stream);
-    (void)moejit_stream_synchronize(r->ctx, r->stream);
+    (void)wait_stream(r);
     for (int i = 0; i < MOEJIT_EP_EVENTS; i++)
       if (r->ev[i]) (void)moejit_event_destroy(r->ctx, r->ev[i]);
     if (r->t0) (void)moejit_event_destroy(r->ctx, r->t0);
@@ -564,6 +573,18 @@ static int rank_main(const run_args *a, int report_fd) {
     snprintf(what, sizeof what, "run --ep: rank %d", r->rank);
     rc = cli_fail(st, what);
     if (rc == CLI_EXIT_USAGE) rc = CLI_EXIT_FAILURE;
+    moejit_ep_info info;
+    if (r->ep && moejit_model_ep_info(r->ep, &info) == MOEJIT_OK && info.abort_pending) {
+      /* NCCL is still freeing the communicator on another thread, waiting
+       * for the dead peer: tearing CUDA down under it is not safe */
+      fprintf(stderr,
+              "moejit: run --ep: rank %d exits without cleaning up (NCCL's abort has not "
+              "returned)\n",
+              r->rank);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
   } else if (report_fd >= 0) {
     for (int i = 0; i < n; i++)
       if (write(report_fd, &pts[i], sizeof pts[i]) != (ssize_t)sizeof pts[i]) rc = CLI_EXIT_FAILURE;

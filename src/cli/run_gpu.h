@@ -7,6 +7,9 @@
 
 #include "moejit/moejit.h"
 
+/* --ep-timeout's default, seconds */
+#define RUN_EP_TIMEOUT_S 300
+
 typedef struct run_args {
   const char *config, *preset, *cache_dir;
   int json, iters;
@@ -15,6 +18,9 @@ typedef struct run_args {
   /* --ep N: expert parallelism over N ranks (run_ep.c); 0: one GPU */
   int ep, ep_rank, ep_device; /* ep_rank -1: launch all ranks here */
   const char *ep_id_file, *ep_route;
+  /* --ep-timeout S: a rank gives up on an exchange that makes no progress
+   * for this long (moejit_load_opts.ep.timeout_ms); 0: no limit */
+  int ep_timeout_s, ep_timeout_given;
   /* the floor's ceilings (--ceilings): dense GEMM TFLOP/s and read TB/s;
    * by default an H100's (RUN_CEIL_TFLOPS, RUN_CEIL_TBPS) */
   double ceil_tflops, ceil_tbps;

@@ -66,6 +66,7 @@ const char *moejit_status_str(moejit_status status) {
       [MOEJIT_ERR_UNSUPPORTED] = "unsupported",
       [MOEJIT_ERR_NOT_FOUND] = "not found",
       [MOEJIT_ERR_INTERNAL] = "internal error",
+      [MOEJIT_ERR_TIMEOUT] = "timed out",
   };
   if ((unsigned)status >= MOEJIT_STATUS_COUNT) return "unknown status";
   return names[status];

@@ -62,12 +62,28 @@ static inline int64_t mj_ep_max_rows(int world, int64_t max_tokens) {
 }
 
 /* What an expert-parallel model holds besides the router (moejit_model.ep). */
+/* An ncclCommAbort running on a thread of its own (ep_wait.c). */
+typedef struct mj_ep_abort_job mj_ep_abort_job;
+
+/* The communicator's state (mj_ep.state): each step only ever goes up. */
+enum {
+  MJ_EP_OK = 0,
+  MJ_EP_FAILED = 1,  /* failed: forwards refused; free aborts an owned comm */
+  MJ_EP_ABORTED = 2, /* an owned comm was aborted: comm is gone */
+};
+
 typedef struct mj_ep {
   mj_ep_placement place;
   const mj_nccl *nccl;
   mj_nccl_comm comm;
   int owns_comm;
-  atomic_int comm_failed;     /* an NCCL call on comm failed: free aborts it */
+  int timeout_ms;                       /* opts.ep.timeout_ms */
+  atomic_int state;                     /* MJ_EP_OK, MJ_EP_FAILED, MJ_EP_ABORTED */
+  atomic_int why_claimed;               /* 1 once a failure claimed `why` */
+  atomic_int why_ready;                 /* 1 once `why` is written */
+  moejit_status why_status;             /* the first failure's status */
+  char why[512];                        /* and its message */
+  _Atomic(mj_ep_abort_job *) abort_job; /* the abort of an owned comm, once made */
   struct moejit_model *local; /* align, gemm1, gemm2, combine for the local experts */
   void *d_maps;               /* device: owner[E], then local_index[E] (int32) */
 } mj_ep;
@@ -78,8 +94,34 @@ typedef struct mj_ep {
 moejit_status mj_ep_model_load(moejit_ctx *ctx, const moejit_spec *spec, const char *origin,
                                const moejit_load_opts *opts, struct moejit_model **out);
 
-/* Frees what the model's ep holds (destroys an owned communicator). */
+/* Frees what the model's ep holds (destroys an owned communicator, or
+ * aborts it when the model failed or NCCL reports it broken). */
 void mj_ep_free(moejit_ctx *ctx, mj_ep *ep);
+
+/* ---- failure (ep_wait.c) --------------------------------------------------
+ * A model whose exchange failed refuses its later forwards: its peers may
+ * be waiting on transfers that never come, and NCCL leaves a communicator
+ * undefined after an error. */
+
+/* Marks the model failed with the thread's last error as the reason (the
+ * first failure's reason is kept) and returns `st`. */
+moejit_status mj_ep_fail(const struct moejit_model *m, moejit_status st);
+/* MOEJIT_OK while the model has not failed and NCCL reports no error on
+ * its communicator; otherwise fails it (aborting an owned communicator
+ * NCCL reports broken) and returns the refusal, prefixed with `what`. */
+moejit_status mj_ep_usable(const struct moejit_model *m, const char *what);
+/* ncclCommAbort(comm) on a thread of its own, waited for 5 s at most
+ * (within a node NCCL can wait for a dead peer even to abort): 1 if it
+ * returned in that time. With `keep`, *keep holds a reference to the job
+ * (NULL where no thread could be made and the abort ran here), for
+ * mj_ep_abort_pending; drop it with mj_ep_abort_release. */
+int mj_ep_abort_comm(const mj_nccl *nccl, mj_nccl_comm comm, mj_ep_abort_job **keep);
+/* 1 while the job's ncclCommAbort has not returned (0 for NULL). */
+int mj_ep_abort_pending(const mj_ep_abort_job *job);
+void mj_ep_abort_release(mj_ep_abort_job *job);
+/* moejit_model_ep_wait's body: `what` prefixes the messages. */
+moejit_status mj_ep_wait(const struct moejit_model *m, moejit_stream stream, int timeout_ms,
+                         const char *what);
 
 /* moejit_moe_workspace_size and moejit_moe_forward of an ep model. */
 moejit_status mj_ep_workspace_size(const struct moejit_model *m, int64_t max_tokens,

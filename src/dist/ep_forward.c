@@ -194,10 +194,12 @@ static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep
   moejit_status end = mj_nccl_check(nc, nc->GroupEnd(), ep->comm, "ncclGroupEnd");
   mj_ctx_leave(m->ctx);
   if (!st) st = end;
-  /* the peers may now wait on transfers that never come: the communicator
-   * is aborted, not destroyed, when the model goes (mj_ep_free) */
-  if (st) atomic_store((atomic_int *)&ep->comm_failed, 1);
-  return st ? mj_model_fail(m, mj_fail_prefix(st, "%s", what)) : MOEJIT_OK;
+  if (!st) return MOEJIT_OK;
+  /* the peers may now wait on transfers that never come: the model refuses
+   * its later forwards, and its communicator is aborted, not destroyed,
+   * when it goes (mj_ep_free) */
+  st = mj_fail_prefix(st, "%s", what);
+  return mj_model_fail(m, mj_ep_fail(m, st));
 }
 
 /* Exact mode: each peer's count for us, then one host wait. */
@@ -211,10 +213,17 @@ static moejit_status exchange_counts(const moejit_model *m, void *ws, const mj_e
   moejit_status st = moejit_memset_d32(m->ctx, AT(ws, l->recv_counts), 0, (size_t)p->world, stream);
   if (!st) st = exchange(m, &one, &x, 1, 0, "moejit_moe_forward: count exchange", stream);
   if (st) return st;
+  /* A peer that died leaves the exchange without an end: wait for it
+   * watching the communicator, giving up after opts.ep.timeout_ms
+   * (ep_wait.c), before the copies: a copy into pageable memory blocks the
+   * thread until the stream reaches it, with no limit. */
+  static const char what[] = "moejit_moe_forward: the count exchange";
+  if ((st = mj_ep_wait(m, stream, m->ep->timeout_ms, what))) return mj_model_fail(m, st);
   const size_t bytes = (size_t)p->world * sizeof(int32_t);
   if ((st = moejit_memcpy_dtoh(m->ctx, counts, AT(ws, l->counts), bytes, stream))) return st;
   if ((st = moejit_memcpy_dtoh(m->ctx, recv, AT(ws, l->recv_counts), bytes, stream))) return st;
-  return moejit_stream_synchronize(m->ctx, stream);
+  st = mj_ep_wait(m, stream, m->ep->timeout_ms, what);
+  return st ? mj_model_fail(m, st) : MOEJIT_OK;
 }
 
 static unsigned warp_grid(const moejit_model *m, int64_t items) {
@@ -293,6 +302,7 @@ moejit_status mj_ep_forward(const moejit_model *m, const moejit_moe_args *a,
                             moejit_stream stream) {
   moejit_status st = check_args(m, a, stream);
   if (st) return st;
+  if ((st = mj_ep_usable(m, op))) return mj_model_fail(m, st);
   const mj_ep *ep = m->ep;
   const mj_ep_placement *p = &ep->place;
   const moejit_spec *s = &m->spec;
@@ -355,6 +365,8 @@ moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send, vo
   if (!send || !recv)
     return mj_model_fail(model, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                                         !send ? "send" : "recv"));
+  moejit_status st = mj_ep_usable(model, fn);
+  if (st) return mj_model_fail(model, st);
   if (bytes_per_rank == 0) return MOEJIT_OK;
   const mj_ep_placement *p = &model->ep->place;
   if (bytes_per_rank > SIZE_MAX / (size_t)p->world)
@@ -365,7 +377,7 @@ moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send, vo
   ep_plan pl;
   plan_one_each(p, &pl);
   const ep_xfer x = {send, recv, bytes_per_rank};
-  moejit_status st = exchange(model, &pl, &x, 1, 0, fn, stream);
+  st = exchange(model, &pl, &x, 1, 0, fn, stream);
   if (st) return st;
   const size_t self = (size_t)p->rank * bytes_per_rank;
   return moejit_memcpy_dtod(model->ctx, (char *)recv + self, (const char *)send + self,

@@ -102,18 +102,23 @@ static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id 
 
 void mj_ep_free(moejit_ctx *ctx, mj_ep *ep) {
   if (!ep) return;
-  if (ep->comm && ep->owns_comm) {
+  /* an aborted communicator is gone already (ep_wait.c) */
+  if (ep->comm && ep->owns_comm && atomic_load(&ep->state) != MJ_EP_ABORTED) {
     if (mj_ctx_enter(ctx) == MOEJIT_OK) {
-      /* after a failed call, or an error NCCL found on its own (a peer that
+      /* after a failure, or an error NCCL found on its own (a peer that
        * died), ncclCommDestroy would wait for the peers: abort instead */
       mj_nccl_result async = MJ_NCCL_SUCCESS;
-      const int failed = atomic_load(&ep->comm_failed) ||
+      const int failed = atomic_load(&ep->state) != MJ_EP_OK ||
                          ep->nccl->CommGetAsyncError(ep->comm, &async) != MJ_NCCL_SUCCESS ||
                          (async != MJ_NCCL_SUCCESS && async != MJ_NCCL_IN_PROGRESS);
-      (failed ? ep->nccl->CommAbort : ep->nccl->CommDestroy)(ep->comm);
+      if (failed)
+        (void)mj_ep_abort_comm(ep->nccl, ep->comm, NULL); /* bounded: it may wait for a dead peer */
+      else
+        ep->nccl->CommDestroy(ep->comm);
       mj_ctx_leave(ctx);
     }
   }
+  mj_ep_abort_release(atomic_load(&ep->abort_job));
   if (ep->d_maps) moejit_mem_free(ctx, ep->d_maps, NULL);
   moejit_model_destroy(ep->local);
   free(ep);
@@ -161,6 +166,11 @@ static moejit_status check_ep_opts(const moejit_spec *spec, const moejit_ep_opts
                    "set; HINT: pass your ncclComm_t, or a unique id from moejit_nccl_unique_id "
                    "shared by all ranks",
                    op, e->world);
+  if (e->timeout_ms < 0)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: opts.ep.timeout_ms = %d (the longest wait on the exchanges, in ms; 0 for "
+                   "no limit)",
+                   op, e->timeout_ms);
   if (e->nccl_comm && e->world == 0) return MOEJIT_OK; /* the communicator's size and rank */
   mj_ep_placement place;                               /* world, rank and expert_owner as given */
   moejit_status st = mj_ep_place(spec->experts, e->world, e->rank, e->expert_owner, &place);
@@ -180,6 +190,7 @@ moejit_status mj_ep_model_load(moejit_ctx *ctx, const moejit_spec *spec, const c
   mj_ep *ep = calloc(1, sizeof *ep);
   if (!ep) return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op));
   ep->nccl = n;
+  ep->timeout_ms = e->timeout_ms;
   moejit_model *m = NULL;
   st = mj_ep_place(spec->experts, world, rank, e->expert_owner, &ep->place);
   if (st) st = mj_fail_prefix(st, "%s", op);
@@ -220,6 +231,9 @@ moejit_status moejit_model_ep_info(const moejit_model *model, moejit_ep_info *in
   info->local_experts = ep->place.n_local;
   info->owns_comm = ep->owns_comm;
   info->nccl_version = ep->nccl->version;
+  info->timeout_ms = ep->timeout_ms;
+  info->failed = atomic_load(&((mj_ep *)ep)->state) != MJ_EP_OK;
+  info->abort_pending = mj_ep_abort_pending(atomic_load(&((mj_ep *)ep)->abort_job));
   return MOEJIT_OK;
 }
 

@@ -62,6 +62,7 @@ static const driver_symbol driver_symbols[] = {
     SYM(StreamCreate, "cuStreamCreate", "cuStreamCreate"),
     SYM(StreamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2"),
     SYM(StreamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize"),
+    SYM(StreamQuery, "cuStreamQuery", "cuStreamQuery"),
     SYM(EventCreate, "cuEventCreate", "cuEventCreate"),
     SYM(EventRecord, "cuEventRecord", "cuEventRecord"),
     SYM(EventSynchronize, "cuEventSynchronize", "cuEventSynchronize"),

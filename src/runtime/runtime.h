@@ -163,6 +163,7 @@ typedef struct mj_driver {
   PFN_cuStreamCreate_v2000 StreamCreate;
   PFN_cuStreamDestroy_v4000 StreamDestroy;
   PFN_cuStreamSynchronize_v2000 StreamSynchronize;
+  PFN_cuStreamQuery_v2000 StreamQuery;
   PFN_cuEventCreate_v2000 EventCreate;
   PFN_cuEventRecord_v2000 EventRecord;
   PFN_cuEventSynchronize_v2000 EventSynchronize;

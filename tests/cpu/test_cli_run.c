@@ -108,6 +108,9 @@ Test(cli_run, usage_errors_exit_2) {
   const char *id_file_alone[] = {"run", "--ep", "2", "--ep-id-file", "/tmp/moejit-x.id", NULL};
   const char *space_ep[] = {"run", "--ep", " 2", NULL};
   const char *plus_iters[] = {"run", "--iters", "+3", NULL};
+  const char *timeout_alone[] = {"run", "--ep-timeout", "30", NULL};
+  const char *bad_timeout[] = {"run", "--ep-timeout", "-1", "--ep", "2", NULL};
+  const char *huge_timeout[] = {"run", "--ep-timeout", "86401", "--ep", "2", NULL};
   /* rank 0 would overwrite an id the other ranks may have read already */
   const char *stale_id[] = {
       "run", "--ep", "2", "--ep-rank", "0", "--ep-id-file", MOEJIT_TEST_SOURCE_DIR "/README.md",
@@ -116,17 +119,19 @@ Test(cli_run, usage_errors_exit_2) {
   const char *one_rank_few[] = {"run", "--preset",   "deepseek-v3", "--ep",
                                 "64",  "--ep-route", "one-rank",    NULL};
   const char *const *cases[] = {
-      bad_tokens,   zero_tokens,  bad_iters,    unknown,       two_configs, one_ceiling,
-      zero_ceiling, bad_ceiling,  huge_ceiling, bad_flush,     flush_ep,    vs_ep,
-      table_ep,     table_none,   tiny_ceiling, hex_ceiling,   empty_dir,   comma_tokens,
-      plus_tokens,  space_tokens, ceilings_ep,  id_file_alone, space_ep,    plus_iters,
-      one_rank_few, stale_id};
+      bad_tokens,   zero_tokens,  bad_iters,     unknown,       two_configs, one_ceiling,
+      zero_ceiling, bad_ceiling,  huge_ceiling,  bad_flush,     flush_ep,    vs_ep,
+      table_ep,     table_none,   tiny_ceiling,  hex_ceiling,   empty_dir,   comma_tokens,
+      plus_tokens,  space_tokens, ceilings_ep,   id_file_alone, space_ep,    plus_iters,
+      one_rank_few, stale_id,     timeout_alone, bad_timeout,   huge_timeout};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);
     cr_expect_eq(rc, 2, "moejit %s %s: exit %d: %s", cases[i][1], cases[i][2] ? cases[i][2] : "",
                  rc, err);
     cr_expect(err && *err, "moejit %s: no message", cases[i][1]);
+    if (strcmp(cases[i][1], "--ep-timeout") == 0)
+      cr_expect(err && strstr(err, "--ep-timeout"), "%s", err);
     if (strcmp(cases[i][1], "--cache-dir") == 0)
       cr_expect(err && strstr(err, "--cache-dir") && strstr(err, "non-empty"), "%s", err);
     if (strcmp(cases[i][1], "--ceilings") == 0 || strcmp(cases[i][1], "--flush") == 0 ||

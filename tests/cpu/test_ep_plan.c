@@ -286,6 +286,18 @@ Test(ep_plan, nccl_hint_survives_a_long_library_path) {
             moejit_last_error());
 }
 
+/* The wait and the abort need a model: NULL is refused, with no driver or
+ * GPU needed to say so. */
+Test(ep_plan, wait_and_abort_refuse_a_null_model) {
+  cr_expect_eq(moejit_model_ep_wait(NULL, NULL, 0), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "moejit_model_ep_wait: model is NULL"), "%s",
+            moejit_last_error());
+  cr_expect_eq(moejit_model_ep_abort(NULL), MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(moejit_last_error(), "moejit_model_ep_abort: model is NULL"), "%s",
+            moejit_last_error());
+  cr_expect_str_eq(moejit_status_str(MOEJIT_ERR_TIMEOUT), "timed out");
+}
+
 Test(ep_plan, ep_kernels_compile_for_every_preset, .timeout = 600) {
   const char *const *names = moejit_preset_names();
   for (int i = 0; names[i]; i++) {

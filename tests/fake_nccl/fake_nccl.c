@@ -10,11 +10,25 @@
  *   FAKE_NCCL_ASYNC_ERROR   what ncclCommGetAsyncError reports (default 0)
  *   FAKE_NCCL_LOG           a file that ncclCommDestroy and ncclCommAbort
  *                           append "destroy" or "abort" lines to
+ *   FAKE_NCCL_HANG          1: each ncclSend / ncclRecv blocks its stream
+ *                           until ncclCommAbort (at most 60 s), as NCCL's
+ *                           kernels wait for a peer that never comes; 2:
+ *                           the same, and once the stream is blocked
+ *                           ncclCommGetAsyncError reports ncclRemoteError,
+ *                           as NCCL does when a peer dies mid-exchange
+ *   FAKE_NCCL_ABORT_HANG    nonzero: ncclCommAbort releases the blocked
+ *                           streams (NCCL's abort flag) but then does not
+ *                           return for 60 s, as NCCL's can when it waits
+ *                           for a dead peer to free the communicator
  * Collectives otherwise succeed and move nothing. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct fake_id {
   char internal[128];
@@ -46,13 +60,38 @@ static void log_line(const char *what) {
   fprintf(f, "%s\n", what);
   fclose(f);
 }
+/* FAKE_NCCL_HANG: a host function on the stream (cuLaunchHostFunc of the
+ * driver the process has loaded) that holds the stream until released. */
+static atomic_int hang_released, hang_started;
+
+static void hang_fn(void *arg) {
+  (void)arg;
+  atomic_store(&hang_started, 1);
+  const struct timespec ms = {0, 1000000L};
+  for (int i = 0; i < 60000 && !atomic_load(&hang_released); i++) nanosleep(&ms, NULL);
+}
+
+static int hang_stream(void *stream) {
+  if (!env_int("FAKE_NCCL_HANG", 0)) return 0;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  typedef int (*launch_host_func)(void *stream, void (*fn)(void *), void *data);
+  launch_host_func launch = lib ? (launch_host_func)dlsym(lib, "cuLaunchHostFunc") : NULL;
+  return launch && launch(stream, hang_fn, NULL) == 0 ? 0 : 1; /* ncclUnhandledCudaError */
+}
+
 int ncclCommDestroy(void *comm) {
+  atomic_store(&hang_released, 1);
   log_line("destroy");
   free(comm);
   return 0;
 }
 int ncclCommAbort(void *comm) {
+  atomic_store(&hang_released, 1);
   log_line("abort");
+  if (env_int("FAKE_NCCL_ABORT_HANG", 0)) {
+    const struct timespec s = {60, 0};
+    nanosleep(&s, NULL);
+  }
   free(comm);
   return 0;
 }
@@ -73,7 +112,9 @@ int ncclCommCuDevice(const void *comm, int *device) {
 }
 int ncclCommGetAsyncError(void *comm, int *error) {
   (void)comm;
-  *error = env_int("FAKE_NCCL_ASYNC_ERROR", 0);
+  *error = env_int("FAKE_NCCL_HANG", 0) == 2 && atomic_load(&hang_started)
+               ? 6
+               : env_int("FAKE_NCCL_ASYNC_ERROR", 0);
   return 0;
 }
 const char *ncclGetErrorString(int result) {
@@ -90,10 +131,10 @@ int ncclGroupEnd(void) {
   return 0;
 }
 int ncclSend(const void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
-  (void)buf, (void)count, (void)dtype, (void)peer, (void)comm, (void)stream;
-  return env_int("FAKE_NCCL_SEND_FAIL", 0) ? 6 : 0;
+  (void)buf, (void)count, (void)dtype, (void)peer, (void)comm;
+  return env_int("FAKE_NCCL_SEND_FAIL", 0) ? 6 : hang_stream(stream);
 }
 int ncclRecv(void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
-  (void)buf, (void)count, (void)dtype, (void)peer, (void)comm, (void)stream;
-  return 0;
+  (void)buf, (void)count, (void)dtype, (void)peer, (void)comm;
+  return hang_stream(stream);
 }

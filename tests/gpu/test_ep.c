@@ -4,6 +4,12 @@
  *    layer's output (its unfused chain) at T = 1, 37, 256, 4096; a capacity below T drops and
  *    counts exactly the tokens past it; a rank with T = 0 runs.
  *  - Bad options and arguments are refused before anything waits on a peer.
+ *  - A peer that never answers (a stand-in NCCL whose sends and receives
+ *    block the stream until the communicator is aborted): the exact
+ *    forward's wait and moejit_model_ep_wait give up after the time limit
+ *    or on NCCL's error, abort a communicator the model made (never a
+ *    caller's), and the model refuses what follows; moejit_model_ep_abort
+ *    from another thread ends a wait without a limit.
  *  - Several ranks (one process per GPU, through `moejit run --ep N`, which
  *    checks each rank against the one-GPU layer on the same inputs and a
  *    float64 reference): deepseek-v3 and qwen3-30b-a3b at T = 1, 256, 4096
@@ -11,9 +17,12 @@
  *    and a rank without tokens. Skipped where fewer GPUs exist.
  * Skips without a GPU or without NCCL, saying which. */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dist/nccl.h"
@@ -192,6 +201,7 @@ static void one_rank_bitwise(const int64_t *ts, size_t n_ts) {
   OPS_OK(moejit_moe_forward(r.ep, &none, NULL));
   none.ep_capacity = 16;
   OPS_OK(moejit_moe_forward(r.ep, &none, NULL));
+  OPS_OK(moejit_model_ep_wait(r.ep, NULL, 10000)); /* a healthy exchange: done */
   ops_sync();
   OPS_OK(moejit_stream_destroy(ops_ctx(), stream));
   one_rank_free(&r);
@@ -213,8 +223,18 @@ static const char *fake_nccl_ends(const char *log, const char *send_fail, const 
   if (atoi(send_fail))
     cr_expect(st == MOEJIT_ERR_CUDA && strstr(moejit_last_error(), "ncclSend"), "%d: %s", st,
               moejit_last_error());
+  else if (atoi(async)) /* refused before it enqueues anything */
+    cr_expect(st == MOEJIT_ERR_CUDA && strstr(moejit_last_error(), "communicator is broken"),
+              "%d: %s", st, moejit_last_error());
   else
     cr_expect_eq(st, MOEJIT_OK, "%s", moejit_last_error());
+  moejit_ep_info info;
+  OPS_OK(moejit_model_ep_info(m, &info));
+  cr_expect_eq(info.failed, st != MOEJIT_OK, "failed = %d after status %d", info.failed, st);
+  if (st) { /* a failed model refuses what follows, with the first reason */
+    cr_expect_eq(moejit_ep_alltoall(m, send, recv, 256, NULL), st);
+    cr_expect(strstr(moejit_last_error(), "failed earlier"), "%s", moejit_last_error());
+  }
   ops_sync();
   moejit_model_destroy(m);
   ops_free(send);
@@ -238,6 +258,238 @@ Test(ep, a_broken_communicator_is_aborted_not_destroyed) {
   cr_expect_str_eq(fake_nccl_ends(log, "0", "6"), "abort\n", "after an asynchronous error");
   ts_rmtree(dir);
   free(dir);
+}
+
+/* ---- a peer that never answers ------------------------------------------
+ * The stand-in NCCL's FAKE_NCCL_HANG blocks the stream at each send and
+ * receive until the communicator is aborted, as NCCL's kernels wait for a
+ * peer that died. Rank 0 of 2 of olmoe-1b-7b, T tokens. */
+
+typedef struct hung_rank {
+  moejit_model *m;
+  moejit_stream stream;
+  void *x, *logits, *out, *ws, *w1, *w2;
+  size_t ws_bytes;
+  char *dir, log[1100];
+} hung_rank;
+
+enum { HUNG_T = 4 };
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void hung_rank_make(hung_rank *h, const char *hang, int timeout_ms, void *comm) {
+  OPS_REQUIRE_GPU();
+  memset(h, 0, sizeof *h);
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_HANG", hang, 1);
+  h->dir = ts_mkdtemp("ep-hung");
+  snprintf(h->log, sizeof h->log, "%s/log", h->dir);
+  setenv("FAKE_NCCL_LOG", h->log, 1);
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  moejit_nccl_id id;
+  if (comm) {
+    o.ep.nccl_comm = comm; /* the caller's: size and rank from the stand-in */
+  } else {
+    OPS_OK(moejit_nccl_unique_id(&id));
+    o.ep.world = 2;
+    o.ep.nccl_id = &id;
+  }
+  o.ep.timeout_ms = timeout_ms;
+  OPS_OK(moejit_model_load_config(ops_ctx(), "olmoe-1b-7b", &o, &h->m));
+  moejit_ep_info info;
+  OPS_OK(moejit_model_ep_info(h->m, &info));
+  cr_assert_eq(info.timeout_ms, timeout_ms);
+  cr_assert_eq(info.failed, 0);
+  const moejit_spec *s = moejit_model_spec(h->m);
+  const size_t d = (size_t)s->hidden, f = (size_t)s->expert_width, E = (size_t)info.local_experts;
+  ts_rng rng = ts_rng_fresh("ep_hung_rank");
+  float logits[HUNG_T * 64];
+  cr_assert_leq(s->experts, 64);
+  for (int i = 0; i < HUNG_T * s->experts; i++) logits[i] = 4.0f * ts_normal(&rng);
+  h->logits = ops_alloc(sizeof logits);
+  ops_upload(h->logits, logits, sizeof(float) * HUNG_T * s->experts);
+  h->x = ops_alloc(HUNG_T * d * 2);
+  h->out = ops_alloc(HUNG_T * d * 2);
+  h->w1 = ops_alloc(E * 2 * f * d * 2);
+  h->w2 = ops_alloc(E * f * d * 2);
+  ops_poison(h->x, HUNG_T * d * 2, 0x3c003c00u); /* bf16 pairs near 0.0078 */
+  ops_poison(h->w1, E * 2 * f * d * 2, 0x3c003c00u);
+  ops_poison(h->w2, E * f * d * 2, 0x3c003c00u);
+  OPS_OK(moejit_moe_workspace_size(h->m, HUNG_T, &h->ws_bytes));
+  h->ws = ops_alloc(h->ws_bytes);
+  ops_poison(h->ws, h->ws_bytes / 4 * 4, 0);
+  ops_sync();
+  OPS_OK(moejit_stream_create(ops_ctx(), &h->stream));
+}
+
+static moejit_moe_args hung_args(const hung_rank *h, int64_t capacity) {
+  moejit_moe_args a = {.tokens = HUNG_T,
+                       .x = h->x,
+                       .logits = h->logits,
+                       .w1 = h->w1,
+                       .w2 = h->w2,
+                       .out = h->out,
+                       .workspace = h->ws,
+                       .workspace_bytes = h->ws_bytes,
+                       .ep_capacity = capacity};
+  return a;
+}
+
+/* Destroys the model; returns what the stand-in logged (destroy, abort). */
+static const char *hung_rank_free(hung_rank *h) {
+  ops_sync();
+  OPS_OK(moejit_stream_destroy(ops_ctx(), h->stream));
+  moejit_model_destroy(h->m);
+  void *b[] = {h->x, h->logits, h->out, h->ws, h->w1, h->w2};
+  for (size_t i = 0; i < sizeof b / sizeof *b; i++) ops_free(b[i]);
+  static char text[256];
+  text[0] = '\0';
+  FILE *f = fopen(h->log, "r");
+  if (f) {
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+  }
+  ts_rmtree(h->dir);
+  free(h->dir);
+  return text;
+}
+
+Test(ep, an_exact_forward_gives_up_on_a_silent_peer_after_the_timeout) {
+  hung_rank h;
+  hung_rank_make(&h, "1", 300, NULL);
+  moejit_moe_args a = hung_args(&h, 0);
+  const double t0 = now_ms();
+  moejit_status st = moejit_moe_forward(h.m, &a, h.stream);
+  const double took = now_ms() - t0;
+  cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
+  cr_expect(strstr(moejit_last_error(), "count exchange") &&
+                strstr(moejit_last_error(), "within 300 ms") &&
+                strstr(moejit_last_error(), "communicator was aborted;"),
+            "%s", moejit_last_error());
+  cr_expect(took >= 290 && took < 20000, "the wait took %.0f ms", took);
+  /* the abort ended the blocked work: the stream is done */
+  OPS_OK(moejit_stream_synchronize(ops_ctx(), h.stream));
+  moejit_ep_info info;
+  OPS_OK(moejit_model_ep_info(h.m, &info));
+  cr_expect_eq(info.failed, 1);
+  cr_expect_eq(info.abort_pending, 0, "the stand-in's abort returned");
+  /* later calls are refused at once, with the first failure */
+  st = moejit_moe_forward(h.m, &a, h.stream);
+  cr_expect_eq(st, MOEJIT_ERR_TIMEOUT);
+  cr_expect(
+      strstr(moejit_last_error(), "failed earlier") && strstr(moejit_last_error(), "within 300 ms"),
+      "%s", moejit_last_error());
+  a.ep_capacity = HUNG_T;
+  cr_expect_eq(moejit_moe_forward(h.m, &a, h.stream), MOEJIT_ERR_TIMEOUT);
+  cr_expect_eq(moejit_model_ep_wait(h.m, h.stream, 0), MOEJIT_ERR_TIMEOUT);
+  cr_expect_str_eq(hung_rank_free(&h), "abort\n", "aborted once, never destroyed");
+}
+
+/* Within a node, NCCL's abort can wait for a dead peer to free the
+ * communicator, for ever: the wait still returns, after 5 s more, and
+ * says so. */
+Test(ep, an_abort_that_does_not_return_still_ends_the_wait) {
+  hung_rank h;
+  setenv("FAKE_NCCL_ABORT_HANG", "1", 1);
+  hung_rank_make(&h, "1", 200, NULL);
+  moejit_moe_args a = hung_args(&h, 0);
+  const double t0 = now_ms();
+  moejit_status st = moejit_moe_forward(h.m, &a, h.stream);
+  const double took = now_ms() - t0;
+  cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
+  cr_expect(strstr(moejit_last_error(),
+                   "its work on the stream ended, but ncclCommAbort had not "
+                   "returned 5 s later"),
+            "%s", moejit_last_error());
+  cr_expect(took >= 5000 && took < 20000, "the wait took %.0f ms", took);
+  OPS_OK(moejit_stream_synchronize(ops_ctx(), h.stream));
+  moejit_ep_info info;
+  OPS_OK(moejit_model_ep_info(h.m, &info));
+  cr_expect_eq(info.abort_pending, 1, "the caller learns that the process should end");
+  /* destroying the model touches the communicator no more */
+  cr_expect_str_eq(hung_rank_free(&h), "abort\n");
+}
+
+Test(ep, a_peer_that_dies_mid_exchange_ends_the_wait_without_a_timeout) {
+  hung_rank h;
+  hung_rank_make(&h, "2", 0, NULL); /* no time limit: only NCCL's error ends it */
+  moejit_moe_args a = hung_args(&h, 0);
+  moejit_status st = moejit_moe_forward(h.m, &a, h.stream);
+  cr_assert_eq(st, MOEJIT_ERR_CUDA, "%d: %s", st, moejit_last_error());
+  cr_expect(strstr(moejit_last_error(), "communicator is broken") &&
+                strstr(moejit_last_error(), "NCCL error 6") &&
+                strstr(moejit_last_error(), "communicator was aborted;"),
+            "%s", moejit_last_error());
+  OPS_OK(moejit_stream_synchronize(ops_ctx(), h.stream));
+  cr_expect_eq(moejit_moe_forward(h.m, &a, h.stream), MOEJIT_ERR_CUDA);
+  cr_expect_str_eq(hung_rank_free(&h), "abort\n");
+}
+
+Test(ep, ep_wait_with_a_limit_aborts_the_hung_exchange) {
+  hung_rank h;
+  hung_rank_make(&h, "1", 0, NULL);
+  moejit_moe_args a = hung_args(&h, HUNG_T); /* fixed capacity: no host wait inside */
+  OPS_OK(moejit_moe_forward(h.m, &a, h.stream));
+  const double t0 = now_ms();
+  moejit_status st = moejit_model_ep_wait(h.m, h.stream, 200);
+  const double took = now_ms() - t0;
+  cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
+  cr_expect(strstr(moejit_last_error(), "moejit_model_ep_wait") &&
+                strstr(moejit_last_error(), "within 200 ms"),
+            "%s", moejit_last_error());
+  cr_expect(took >= 190 && took < 20000, "the wait took %.0f ms", took);
+  OPS_OK(moejit_stream_synchronize(ops_ctx(), h.stream));
+  cr_expect_str_eq(hung_rank_free(&h), "abort\n");
+}
+
+static void *abort_later(void *model) {
+  const struct timespec ms100 = {0, 100000000L};
+  nanosleep(&ms100, NULL);
+  OPS_OK(moejit_model_ep_abort(model));
+  return NULL;
+}
+
+Test(ep, ep_abort_from_another_thread_ends_a_wait_without_limit) {
+  hung_rank h;
+  hung_rank_make(&h, "1", 0, NULL);
+  moejit_moe_args a = hung_args(&h, HUNG_T);
+  OPS_OK(moejit_moe_forward(h.m, &a, h.stream));
+  pthread_t watchdog;
+  cr_assert_eq(pthread_create(&watchdog, NULL, abort_later, h.m), 0);
+  moejit_status st = moejit_model_ep_wait(h.m, h.stream, 0);
+  pthread_join(watchdog, NULL);
+  cr_assert_eq(st, MOEJIT_ERR_CUDA, "%d: %s", st, moejit_last_error());
+  cr_expect(strstr(moejit_last_error(), "moejit_model_ep_abort"), "%s", moejit_last_error());
+  OPS_OK(moejit_stream_synchronize(ops_ctx(), h.stream));
+  OPS_OK(moejit_model_ep_abort(h.m)); /* again: nothing more to do */
+  cr_expect_str_eq(hung_rank_free(&h), "abort\n");
+}
+
+Test(ep, a_callers_communicator_is_left_to_the_caller) {
+  hung_rank h;
+  void *comm = malloc(1); /* the stand-in takes any handle, and frees it on abort */
+  hung_rank_make(&h, "1", 150, comm);
+  moejit_moe_args a = hung_args(&h, 0);
+  moejit_status st = moejit_moe_forward(h.m, &a, h.stream);
+  cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
+  cr_expect(strstr(moejit_last_error(), "the caller's: abort it (ncclCommAbort)"), "%s",
+            moejit_last_error());
+  OPS_OK(moejit_model_ep_abort(h.m)); /* marks only: the communicator is not moejit's */
+  /* the caller aborts it: that releases the stand-in's blocked stream */
+  void *lib = dlopen(MOEJIT_FAKE_NCCL_PATH, RTLD_NOW | RTLD_NOLOAD);
+  cr_assert_not_null(lib, "the stand-in NCCL is loaded");
+  int (*comm_abort)(void *) = (int (*)(void *))dlsym(lib, "ncclCommAbort");
+  cr_assert_not_null(comm_abort);
+  cr_assert_eq(comm_abort(comm), 0);
+  dlclose(lib);
+  OPS_OK(moejit_stream_synchronize(ops_ctx(), h.stream));
+  cr_expect_str_eq(hung_rank_free(&h), "abort\n", "moejit neither aborted nor destroyed it");
 }
 
 /* Small T also serves compute-sanitizer (scripts/gpu-sanitize.sh). */
@@ -266,9 +518,21 @@ Test(ep, bad_options_and_arguments_are_refused) {
   owner[100] = 7;
   load_ep("qwen3-30b-a3b", 2, 0, &id, owner, MOEJIT_ERR_INVALID_ARGUMENT);
   cr_assert(strstr(moejit_last_error(), "expert_owner[100] = 7"), "%s", moejit_last_error());
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.ep.world = 2;
+  o.ep.nccl_id = &id;
+  o.ep.timeout_ms = -5;
+  moejit_model *none = NULL;
+  cr_assert_eq(moejit_model_load_config(ops_ctx(), "qwen3-30b-a3b", &o, &none),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "opts.ep.timeout_ms = -5"), "%s", moejit_last_error());
+  cr_assert_null(none);
 
   one_rank r;
   one_rank_make(&r, "qwen3-30b-a3b", 64);
+  cr_assert_eq(moejit_model_ep_wait(r.single, NULL, 0), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert_eq(moejit_model_ep_abort(r.single), MOEJIT_ERR_UNSUPPORTED);
   moejit_moe_args a = args_for(&r, 1, 64, -1);
   cr_assert_eq(moejit_moe_forward(r.ep, &a, NULL), MOEJIT_ERR_INVALID_ARGUMENT);
   cr_assert(strstr(moejit_last_error(), "ep_capacity = -1"), "%s", moejit_last_error());
@@ -403,6 +667,33 @@ static void run_ranks(int world, const char *preset, const char *route) {
   cr_assert_eq(points, 3 * world, "%d points for %d ranks x 3 token counts", points, world);
   free(out);
   free(err);
+}
+
+/* A rank started by hand whose peer never comes (the stand-in NCCL's
+ * exchanges block): it gives up after --ep-timeout and exits 1 saying so,
+ * rather than wait for ever. */
+Test(ep, a_cli_rank_gives_up_after_ep_timeout) {
+  OPS_REQUIRE_GPU();
+  char *dir = ts_mkdtemp("ep-cli-timeout"), id[1100], lib[1100];
+  snprintf(id, sizeof id, "%s/id", dir);
+  snprintf(lib, sizeof lib, "MOEJIT_NCCL_LIBRARY=%s", MOEJIT_FAKE_NCCL_PATH);
+  const char *env[] = {lib, "FAKE_NCCL_HANG=1", NULL};
+  const char *args[] = {
+      "run", "--preset",     "olmoe-1b-7b", "--ep",     "2", "--ep-rank", "0", "--ep-id-file",
+      id,    "--ep-timeout", "1",           "--tokens", "4", "--iters",   "1", NULL};
+  char *out = NULL, *err = NULL;
+  const double t0 = now_ms();
+  int rc = ts_run_cli(args, env, &out, &err);
+  const double took = now_ms() - t0;
+  cr_expect_eq(rc, 1, "exit %d\n%s\n%s", rc, out, err);
+  cr_expect(err && strstr(err, "timed out") && strstr(err, "within 1000 ms") &&
+                strstr(err, "communicator was aborted"),
+            "stderr: %s", err);
+  cr_expect(took < 120000, "took %.0f ms", took);
+  free(out);
+  free(err);
+  ts_rmtree(dir);
+  free(dir);
 }
 
 Test(ep, one_rank_cli_deepseek) { run_ranks(1, "deepseek-v3", "uniform"); }
