@@ -123,6 +123,9 @@ void mj_ep_abort_release(mj_ep_abort_job *job);
 moejit_status mj_ep_wait(const struct moejit_model *m, moejit_stream stream, int timeout_ms,
                          const char *what);
 
+/* INVALID_ARGUMENT for a NULL model, UNSUPPORTED (recorded on it) for one
+ * loaded without opts.ep; `fn` names the public call. */
+moejit_status mj_ep_need(const struct moejit_model *model, const char *fn);
 /* moejit_moe_workspace_size and moejit_moe_forward of an ep model. */
 moejit_status mj_ep_workspace_size(const struct moejit_model *m, int64_t max_tokens,
                                    size_t *bytes);

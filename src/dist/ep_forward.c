@@ -358,15 +358,12 @@ moejit_status mj_ep_forward(const moejit_model *m, const moejit_moe_args *a,
 moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send, void *recv,
                                  size_t bytes_per_rank, moejit_stream stream) {
   static const char fn[] = "moejit_ep_alltoall";
-  if (!model) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: model is NULL", fn);
-  if (!model->ep)
-    return mj_model_fail(model, mj_fail(MOEJIT_ERR_UNSUPPORTED,
-                                        "%s: the model was loaded for one GPU (no opts.ep)", fn));
+  moejit_status st = mj_ep_need(model, fn);
+  if (st) return st;
   if (!send || !recv)
     return mj_model_fail(model, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                                         !send ? "send" : "recv"));
-  moejit_status st = mj_ep_usable(model, fn);
-  if (st) return mj_model_fail(model, st);
+  if ((st = mj_ep_usable(model, fn))) return mj_model_fail(model, st);
   if (bytes_per_rank == 0) return MOEJIT_OK;
   const mj_ep_placement *p = &model->ep->place;
   if (bytes_per_rank > SIZE_MAX / (size_t)p->world)

@@ -212,7 +212,7 @@ moejit_status mj_ep_model_load(moejit_ctx *ctx, const moejit_spec *spec, const c
 
 /* ---- public queries ----------------------------------------------------- */
 
-static moejit_status need_ep(const moejit_model *model, const char *fn) {
+moejit_status mj_ep_need(const moejit_model *model, const char *fn) {
   if (!model) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: model is NULL", fn);
   if (!model->ep)
     return mj_model_fail(model, mj_fail(MOEJIT_ERR_UNSUPPORTED,
@@ -221,7 +221,7 @@ static moejit_status need_ep(const moejit_model *model, const char *fn) {
 }
 
 moejit_status moejit_model_ep_info(const moejit_model *model, moejit_ep_info *info) {
-  moejit_status st = need_ep(model, "moejit_model_ep_info");
+  moejit_status st = mj_ep_need(model, "moejit_model_ep_info");
   if (st) return st;
   if (!info) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_ep_info: info is NULL");
   const mj_ep *ep = model->ep;
@@ -239,7 +239,7 @@ moejit_status moejit_model_ep_info(const moejit_model *model, moejit_ep_info *in
 
 moejit_status moejit_model_ep_local_experts(const moejit_model *model, int32_t *ids, size_t cap,
                                             int *n) {
-  moejit_status st = need_ep(model, "moejit_model_ep_local_experts");
+  moejit_status st = mj_ep_need(model, "moejit_model_ep_local_experts");
   if (st) return st;
   if (!n || (!ids && cap))
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "moejit_model_ep_local_experts: %s is NULL",

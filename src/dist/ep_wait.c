@@ -243,25 +243,17 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
   }
 }
 
-static moejit_status need_ep(const moejit_model *model, const char *fn) {
-  if (!model) return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT, "%s: model is NULL", fn);
-  if (!model->ep)
-    return mj_model_fail(model, mj_fail(MOEJIT_ERR_UNSUPPORTED,
-                                        "%s: the model was loaded for one GPU (no opts.ep)", fn));
-  return MOEJIT_OK;
-}
-
 moejit_status moejit_model_ep_wait(const moejit_model *model, moejit_stream stream,
                                    int timeout_ms) {
   static const char fn[] = "moejit_model_ep_wait";
-  moejit_status st = need_ep(model, fn);
+  moejit_status st = mj_ep_need(model, fn);
   if (st) return st;
   st = mj_ep_wait(model, stream, timeout_ms < 0 ? model->ep->timeout_ms : timeout_ms, fn);
   return st ? mj_model_fail(model, st) : MOEJIT_OK;
 }
 
 moejit_status moejit_model_ep_abort(const moejit_model *model) {
-  moejit_status st = need_ep(model, "moejit_model_ep_abort");
+  moejit_status st = mj_ep_need(model, "moejit_model_ep_abort");
   if (st) return st;
   mj_ep *ep = ep_of(model);
   mark_failed(ep, MOEJIT_ERR_CUDA,
