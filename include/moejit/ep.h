@@ -75,12 +75,16 @@ typedef struct moejit_ep_opts {
    * Every rank must own at least one expert. A rank's local experts are its
    * experts in increasing id order; its w1/w2 hold exactly those. */
   const int32_t *expert_owner;
-  /* Longest a host wait on this model's exchanges may go without the work
-   * finishing, in ms: the exact forward waits for its count exchange inside
-   * moejit_moe_forward, and moejit_model_ep_wait with a negative timeout
-   * takes this. Past it the model fails (moejit_model_ep_wait says how).
+  /* Longest a host wait on the ranks may take, in ms:
+   *  - the load's join (with nccl_id; ncclCommInitRank waits until all
+   *    `world` ranks have joined, counted from when this rank joins, after
+   *    its own compile): a rank that never comes fails the load with
+   *    MOEJIT_ERR_TIMEOUT;
+   *  - the exact forward's wait for its count exchange inside
+   *    moejit_moe_forward, and moejit_model_ep_wait with a negative
+   *    timeout: past it the model fails (moejit_model_ep_wait says how).
    * 0: no limit (NCCL's own behaviour: a peer that never answers is waited
-   * for), though an error NCCL reports still ends the wait. >= 0. */
+   * for), though an error NCCL reports still ends a forward's wait. >= 0. */
   int timeout_ms;
 } moejit_ep_opts;
 

@@ -60,9 +60,10 @@ static void run_usage(FILE *f) {
           "  --ep-device D      this rank's GPU (default: R modulo the GPU count)\n"
           "  --ep-route MODE    uniform (default), one-rank (every token's experts on rank\n"
           "                     0) or idle-rank (the last rank has no tokens)\n"
-          "  --ep-timeout S     a rank whose exchanges make no progress for S seconds (a\n"
-          "                     peer died or hangs) aborts its communicator and exits 1\n"
-          "                     (default %d; 0: wait for ever)\n"
+          "  --ep-timeout S     a rank whose peers have not all joined S seconds after it\n"
+          "                     did, or whose exchanges make no progress for S seconds (a\n"
+          "                     peer died or hangs), gives up (aborting its communicator)\n"
+          "                     and exits 1 (default %d; 0: wait for ever)\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime or check failure, 2 usage or config error\n",
           moejit_default_preset(), RUN_EP_TIMEOUT_S);

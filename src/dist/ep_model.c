@@ -2,12 +2,14 @@
  * checked or created, the experts placed, the router and the ep kernels
  * built for the global spec, the rest of the layer for this rank's experts
  * only, and the placement maps put on the device. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
 #include "dist/ep.h"
 #include "ops/ops.h"
+#include "runtime/runtime.h"
 
 static const char op[] = "moejit_model_load (expert parallelism)";
 
@@ -81,21 +83,100 @@ static moejit_status upload_maps(moejit_ctx *ctx, mj_ep *ep) {
   return st;
 }
 
+/* ncclCommInitRank waits until all `world` ranks have joined, with no
+ * limit of its own. It runs on a thread of its own, waited for up to
+ * opts.ep.timeout_ms (0: no limit): a rank that never comes then fails the
+ * load with TIMEOUT instead of holding it for ever. Should the ranks all
+ * join after that after all, the thread aborts the communicator nobody
+ * took. The job is freed by whichever of the two lets go last. */
+typedef struct join_job {
+  const mj_nccl *nccl;
+  const mj_driver *d;
+  CUcontext cu; /* the thread makes the ctx's device current: NCCL takes its GPU */
+  int world, rank;
+  mj_nccl_unique_id id;
+  pthread_mutex_t mu;
+  mj_nccl_comm comm;
+  mj_nccl_result result;
+  int done, abandoned, refs;
+} join_job;
+
+static void join_release(join_job *j) {
+  pthread_mutex_lock(&j->mu);
+  const int last = --j->refs == 0;
+  pthread_mutex_unlock(&j->mu);
+  if (!last) return;
+  pthread_mutex_destroy(&j->mu);
+  free(j);
+}
+
+static mj_nccl_result join_now(join_job *j, mj_nccl_comm *comm) {
+  CUcontext popped;
+  const int pushed = j->d->CtxPushCurrent(j->cu) == CUDA_SUCCESS;
+  const mj_nccl_result r = j->nccl->CommInitRank(comm, j->world, j->id, j->rank);
+  if (pushed) (void)j->d->CtxPopCurrent(&popped);
+  return r;
+}
+
+static void *join_thread(void *arg) {
+  join_job *j = arg;
+  mj_nccl_comm comm = NULL;
+  const mj_nccl_result r = join_now(j, &comm);
+  pthread_mutex_lock(&j->mu);
+  j->done = 1, j->comm = comm, j->result = r;
+  const int abandoned = j->abandoned;
+  pthread_mutex_unlock(&j->mu);
+  if (abandoned && r == MJ_NCCL_SUCCESS && comm) (void)j->nccl->CommAbort(comm);
+  join_release(j);
+  return NULL;
+}
+
 static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id *id) {
-  mj_nccl_unique_id uid;
-  memcpy(uid.internal, id->bytes, sizeof uid.internal);
-  moejit_status st = mj_ctx_enter(ctx);
-  if (st) return st;
-  /* waits until all `world` ranks have called it with the same id */
-  st = mj_nccl_check(ep->nccl,
-                     ep->nccl->CommInitRank(&ep->comm, ep->place.world, uid, ep->place.rank),
-                     NULL, "ncclCommInitRank");
-  mj_ctx_leave(ctx);
-  if (st) {
-    ep->comm = NULL;
+  join_job *j = calloc(1, sizeof *j);
+  if (!j) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op);
+  j->nccl = ep->nccl, j->d = mj_ctx_driver(ctx), j->cu = mj_ctx_cu(ctx);
+  j->world = ep->place.world, j->rank = ep->place.rank;
+  memcpy(j->id.internal, id->bytes, sizeof j->id.internal);
+  j->refs = 2;
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_t t;
+  pthread_attr_t attr;
+  int started = 0;
+  if (pthread_attr_init(&attr) == 0) {
+    started = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+              pthread_create(&t, &attr, join_thread, j) == 0;
+    pthread_attr_destroy(&attr);
+  }
+  if (!started) { /* no thread to spare: join here, however long it takes */
+    j->result = join_now(j, &j->comm);
+    j->done = 1, j->refs = 1;
+  }
+  const double t0 = mj_now_ms();
+  const struct timespec poll = {0, 200000L};
+  int done = 0;
+  for (;;) {
+    pthread_mutex_lock(&j->mu);
+    done = j->done;
+    if (!done && ep->timeout_ms > 0 && mj_now_ms() - t0 >= ep->timeout_ms) j->abandoned = 1;
+    const int abandoned = j->abandoned;
+    pthread_mutex_unlock(&j->mu);
+    if (done || abandoned) break;
+    nanosleep(&poll, NULL);
+  }
+  const mj_nccl_comm comm = j->comm;
+  const mj_nccl_result r = j->result;
+  join_release(j);
+  if (!done)
+    return mj_fail(MOEJIT_ERR_TIMEOUT,
+                   "%s: joining the communicator as rank %d of %d: not every rank joined within "
+                   "%d ms (opts.ep.timeout_ms); HINT: start all %d ranks with the same id (a rank "
+                   "that failed or was never started leaves the others waiting)",
+                   op, ep->place.rank, ep->place.world, ep->timeout_ms, ep->place.world);
+  moejit_status st = mj_nccl_check(ep->nccl, r, NULL, "ncclCommInitRank");
+  if (st)
     return mj_fail_prefix(st, "%s: joining the communicator as rank %d of %d", op,
                           ep->place.rank, ep->place.world);
-  }
+  ep->comm = comm;
   ep->owns_comm = 1;
   return MOEJIT_OK;
 }

@@ -196,6 +196,10 @@ moejit_status mj_ctx_enter(moejit_ctx *ctx) {
   return mj_ctx_fail(ctx, mj_cu_check(ctx->d->CtxPushCurrent(ctx->cu), "cuCtxPushCurrent"));
 }
 
+CUcontext mj_ctx_cu(const moejit_ctx *ctx) {
+  return ctx->cu;
+}
+
 void mj_ctx_leave(moejit_ctx *ctx) {
   CUcontext popped;
   (void)ctx->d->CtxPopCurrent(&popped);

@@ -16,6 +16,8 @@
  *                           the same, and once the stream is blocked
  *                           ncclCommGetAsyncError reports ncclRemoteError,
  *                           as NCCL does when a peer dies mid-exchange
+ *   FAKE_NCCL_INIT_HANG     nonzero: ncclCommInitRank returns only after
+ *                           60 s, as NCCL's does while a rank is missing
  *   FAKE_NCCL_ABORT_HANG    nonzero: ncclCommAbort releases the blocked
  *                           streams (NCCL's abort flag) but then does not
  *                           return for 60 s, as NCCL's can when it waits
@@ -50,6 +52,10 @@ int ncclGetUniqueId(fake_id *id) {
 }
 int ncclCommInitRank(void **comm, int nranks, fake_id id, int rank) {
   (void)nranks, (void)id, (void)rank;
+  if (env_int("FAKE_NCCL_INIT_HANG", 0)) {
+    const struct timespec s = {60, 0};
+    nanosleep(&s, NULL);
+  }
   *comm = malloc(1);
   return *comm ? 0 : 2;
 }

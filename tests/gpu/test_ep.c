@@ -391,6 +391,36 @@ Test(ep, an_exact_forward_gives_up_on_a_silent_peer_after_the_timeout) {
   cr_expect_str_eq(hung_rank_free(&h), "abort\n", "aborted once, never destroyed");
 }
 
+/* A rank that never joins: ncclCommInitRank would wait for it for ever;
+ * the load gives up after opts.ep.timeout_ms. */
+Test(ep, a_rank_that_never_joins_fails_the_load_after_the_timeout) {
+  OPS_REQUIRE_GPU();
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_INIT_HANG", "1", 1);
+  moejit_nccl_id id;
+  OPS_OK(moejit_nccl_unique_id(&id));
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.ep.world = 2;
+  o.ep.nccl_id = &id;
+  o.ep.timeout_ms = 300;
+  moejit_load_report rep;
+  o.report = &rep;
+  moejit_model *m = NULL;
+  const double t0 = now_ms();
+  moejit_status st = moejit_model_load_config(ops_ctx(), "olmoe-1b-7b", &o, &m);
+  const double took = now_ms() - t0;
+  cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
+  cr_assert_null(m);
+  cr_expect(strstr(moejit_last_error(),
+                   "joining the communicator as rank 0 of 2: not every rank "
+                   "joined within 300 ms"),
+            "%s", moejit_last_error());
+  cr_expect(took >= 300, "the load took %.0f ms", took);
+  /* the kernels were built: a load with every rank there is all hits */
+  cr_expect_gt(rep.n_kernels, 0);
+}
+
 /* Within a node, NCCL's abort can wait for a dead peer to free the
  * communicator, for ever: the wait still returns, after 5 s more, and
  * says so. */
