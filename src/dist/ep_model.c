@@ -249,7 +249,7 @@ static moejit_status check_ep_opts(const moejit_spec *spec, const moejit_ep_opts
                    op, e->world);
   if (e->timeout_ms < 0)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
-                   "%s: opts.ep.timeout_ms = %d (the longest wait on the exchanges, in ms; 0 for "
+                   "%s: opts.ep.timeout_ms = %d (the longest wait on the other ranks, in ms; 0 for "
                    "no limit)",
                    op, e->timeout_ms);
   if (e->nccl_comm && e->world == 0) return MOEJIT_OK; /* the communicator's size and rank */

@@ -30,7 +30,14 @@
 /* How long an abort may take before the caller gets its thread back. */
 #define EP_ABORT_WAIT_MS 5000.0
 
-static const char hint[] = "HINT: destroy the model and load it again on every rank";
+/* What to do about a failed model: load again, or, while NCCL's abort of
+ * its communicator has not returned, end the process. */
+static const char *hint_for(mj_ep *ep) {
+  return mj_ep_abort_pending(atomic_load(&ep->abort_job))
+             ? "HINT: end this process (_exit: tearing CUDA down under NCCL's unfinished abort "
+               "is not safe) and start every rank again"
+             : "HINT: destroy the model and load it again on every rank";
+}
 
 static void sleep_us(long us) {
   const struct timespec ts = {0, us * 1000L};
@@ -142,11 +149,11 @@ static moejit_status refusal(const moejit_model *m, const char *what) {
   const int ready = atomic_load(&((mj_ep *)ep)->why_ready);
   return mj_fail(ready ? ep->why_status : MOEJIT_ERR_CUDA,
                  "%s: the model's exchanges failed earlier, so it runs no more (%s); %s", what,
-                 ready ? ep->why : "another thread is recording why", hint);
+                 ready ? ep->why : "another thread is recording why", hint_for((mj_ep *)ep));
 }
 
-/* 1 with the failure recorded (and an owned communicator aborted) when
- * NCCL reports an error on the communicator. */
+/* 1 with the failure recorded when NCCL reports an error on the
+ * communicator (the caller gives up on it). */
 static int nccl_reports_error(const moejit_model *m, const char *what) {
   mj_ep *ep = ep_of(m);
   if (!ep->comm || atomic_load(&ep->state) == MJ_EP_ABORTED) return 0;
@@ -197,7 +204,7 @@ static const char *give_up(const moejit_model *m, moejit_stream stream) {
                      : "the communicator was aborted, and the stream then failed";
   return hung ? "the communicator was aborted and its work on the stream ended, but "
                 "ncclCommAbort had not returned 5 s later (NCCL can wait for a dead peer even to "
-                "free a communicator: end the process rather than load again)"
+                "free a communicator)"
               : "the communicator was aborted";
 }
 
@@ -228,7 +235,7 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
     checked = now;
     if (nccl_reports_error(m, what)) {
       const char *after = give_up(m, stream);
-      return mj_fail(ep->why_status, "%s; %s; %s", ep->why, after, hint);
+      return mj_fail(ep->why_status, "%s; %s; %s", ep->why, after, hint_for(ep));
     }
     if (timeout_ms > 0 && waited >= timeout_ms) {
       mj_fail(MOEJIT_ERR_TIMEOUT,
@@ -237,7 +244,7 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
               what, timeout_ms);
       mj_ep_fail(m, MOEJIT_ERR_TIMEOUT);
       const char *after = give_up(m, stream);
-      return mj_fail(MOEJIT_ERR_TIMEOUT, "%s; %s; %s", ep->why, after, hint);
+      return mj_fail(MOEJIT_ERR_TIMEOUT, "%s; %s; %s", ep->why, after, hint_for(ep));
     }
     sched_yield();
   }
