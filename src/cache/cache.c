@@ -293,14 +293,42 @@ static int write_entry_fd(mj_cache *c, int fd, const unsigned char *head, size_t
   return 0;
 }
 
+/* 1 if `path` is a directory itself (not a symlink to one). */
+static int is_real_dir(const char *path) {
+  struct stat sb;
+  return lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 /* The root may have been deleted since open (rm -rf of a cache in use):
- * recreate it rather than fail every later store. */
+ * recreate it rather than fail every later store. A fan-out directory must
+ * be a directory itself: scans, eviction and maintenance never follow a
+ * symlink there, so entries stored through one would never count against
+ * the size limit. A symlink or file in its place is damage, replaced like
+ * a damaged entry (the link goes, not what it points to). */
 static moejit_status make_fanout_dir(mj_cache *c, const char *path) {
-  if (mkdir(path, 0755) == 0 || errno == EEXIST) return MOEJIT_OK;
-  if (errno == ENOENT && mj_mkdir_p(path, 0755) == MOEJIT_OK) {
-    write_cachedir_tag(c->root);
-    return MOEJIT_OK;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    if (mkdir(path, 0755) == 0) return MOEJIT_OK;
+    if (errno == EEXIST) {
+      if (is_real_dir(path)) return MOEJIT_OK;
+      if (unlink(path) != 0 && errno != ENOENT)
+        return mj_fail(MOEJIT_ERR_CACHE,
+                       "'%s' is a symlink or file in a fan-out directory's place, and removing "
+                       "it failed: %s; remove it" STORE_HINT,
+                       path, strerror(errno));
+      continue;
+    }
+    if (errno == ENOENT && mj_mkdir_p(path, 0755) == MOEJIT_OK) {
+      write_cachedir_tag(c->root);
+      if (is_real_dir(path)) return MOEJIT_OK;
+      continue;
+    }
+    break;
   }
+  if (errno == 0 || errno == EEXIST || errno == ENOENT)
+    return mj_fail(MOEJIT_ERR_CACHE,
+                   "'%s' is not a directory (something keeps replacing the fan-out directory); "
+                   "remove it" STORE_HINT,
+                   path);
   return mj_fail(MOEJIT_ERR_CACHE, "cannot create '%s': %s" STORE_HINT, path, strerror(errno));
 }
 

@@ -341,6 +341,43 @@ Test(cache, store_recreates_a_cache_deleted_while_open) {
   mj_cache_close(c);
 }
 
+/* A symlink in a fan-out directory's place would take entries where scans
+ * never look (they do not follow it), so the size limit would not see
+ * them: the store replaces it by a directory, and leaves its target
+ * alone. A plain file there is replaced the same way. */
+Test(cache, a_symlinked_or_file_fanout_dir_is_replaced_by_a_directory) {
+  mj_cache *c = open_cache(0);
+  char *elsewhere = ts_mkdtemp("cache-elsewhere");
+  for (int kind = 0; kind < 2; kind++) {
+    char key[33], fan[1100];
+    random_key(key);
+    snprintf(fan, sizeof fan, "%s/%.2s", dir, key);
+    ts_rmtree(fan);
+    if (kind == 0)
+      cr_assert_eq(symlink(elsewhere, fan), 0, "symlink: %s", strerror(errno));
+    else
+      free(ts_write_file(dir, (char[3]){key[0], key[1], 0}, "not a directory"));
+    unsigned char *p = random_bytes(500);
+    store_ok(c, key, p, 500);
+    struct stat sb;
+    cr_assert_eq(lstat(fan, &sb), 0);
+    cr_assert(S_ISDIR(sb.st_mode), "kind %d: the fan-out is a directory now", kind);
+    expect_hit(c, key, p, 500);
+    cr_assert_eq(ts_count_files(elsewhere, NULL), 0, "nothing was written through the link");
+    mj_cache_file *files = NULL;
+    size_t n = 0;
+    cr_assert_eq(mj_cache_scan(dir, &files, &n), MOEJIT_OK);
+    int found = 0;
+    for (size_t i = 0; i < n; i++) found += strncmp(files[i].key, key, 32) == 0;
+    cr_assert_eq(found, 1, "kind %d: scans count the entry", kind);
+    free(files);
+    free(p);
+  }
+  ts_rmtree(elsewhere);
+  free(elsewhere);
+  mj_cache_close(c);
+}
+
 Test(cache, open_refuses_a_file) {
   char *f = ts_write_file(dir, "plain", "x");
   mj_cache *c = (mj_cache *)1;
