@@ -135,30 +135,34 @@ MOEJIT_API moejit_status moejit_ep_alltoall(const moejit_model *model, const voi
  *
  * OK once the stream is done. Otherwise the model fails, and:
  *  - MOEJIT_ERR_CUDA when NCCL reports an error on the communicator
- *    (ncclCommGetAsyncError: a peer that died, a network failure), or the
- *    model had already failed;
- *  - MOEJIT_ERR_TIMEOUT when timeout_ms passes first.
+ *    (ncclCommGetAsyncError: a peer that died, a network failure);
+ *  - MOEJIT_ERR_TIMEOUT when timeout_ms passes first;
+ *  - a CUDA error of the stream itself, as reported;
+ *  - for a model that had failed already (an NCCL call's error, a timeout,
+ *    moejit_model_ep_abort), the status of its first failure, after giving
+ *    up on what is left on the stream as below.
  * A communicator the model made is then aborted (ncclCommAbort, which ends
  * NCCL's work on the stream; the wait lets the stream drain, up to 10 s,
  * and the message says if it did not). The abort runs on a thread of its
  * own and is waited for 5 s at most: within a node NCCL can wait for a
  * dead peer even to free a communicator, and then the message and
- * moejit_ep_info.abort_pending say that the process should end. A caller's
- * communicator
- * (opts.ep.nccl_comm) is left to the caller: abort it to end that work.
- * Either way the model refuses every later forward; destroy it and load it
- * again on every rank. INVALID_ARGUMENT for NULL, UNSUPPORTED for a model
- * of one GPU. Thread-safe. */
+ * moejit_ep_info.abort_pending say that the process should end. A
+ * caller's communicator (opts.ep.nccl_comm) is left to the caller: abort
+ * it to end that work. Either way the model refuses every later forward;
+ * destroy it and load it again on every rank. INVALID_ARGUMENT for NULL,
+ * UNSUPPORTED for a model of one GPU. Thread-safe. */
 MOEJIT_API moejit_status moejit_model_ep_wait(const moejit_model *model, moejit_stream stream,
                                               int timeout_ms);
 
 /* Gives up on the model's exchanges, from any thread (for instance a
- * watchdog's, while another thread waits in a forward or a stream
- * synchronize): the model fails as above, and a communicator it made is
- * aborted at once (returning within 5 s, as above), which ends the waits
- * on its NCCL work. A caller's
- * communicator is only marked: abort it yourself. The model's later
- * forwards are refused; destroy it. OK also when it had failed already. */
+ * watchdog's, while another thread waits in moejit_model_ep_wait, in an
+ * exact forward's wait, or in a stream synchronize): the model fails as
+ * above, no call enters NCCL on its communicator any more, and one it made
+ * is aborted (returning within 5 s, as above), which ends the waits on its
+ * NCCL work. A caller's communicator is only marked: abort it yourself.
+ * The model's later forwards are refused; destroy it, but not while this
+ * or another of its calls is still running. OK also when it had failed
+ * already. */
 MOEJIT_API moejit_status moejit_model_ep_abort(const moejit_model *model);
 
 /* Phase events an expert-parallel forward records when the caller passes

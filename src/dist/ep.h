@@ -83,6 +83,9 @@ typedef struct mj_ep {
   atomic_int why_ready;                 /* 1 once `why` is written */
   moejit_status why_status;             /* the first failure's status */
   char why[512];                        /* and its message */
+  atomic_int abort_claimed;             /* 1 once a thread started aborting the comm */
+  atomic_int abort_done_here;           /* no job could be made: the abort ran inline */
+  atomic_int users;                     /* calls inside NCCL on comm (mj_ep_comm_enter) */
   _Atomic(mj_ep_abort_job *) abort_job; /* the abort of an owned comm, once made */
   struct moejit_model *local; /* align, gemm1, gemm2, combine for the local experts */
   void *d_maps;               /* device: owner[E], then local_index[E] (int32) */
@@ -110,12 +113,19 @@ moejit_status mj_ep_fail(const struct moejit_model *m, moejit_status st);
  * its communicator; otherwise fails it (aborting an owned communicator
  * NCCL reports broken) and returns the refusal, prefixed with `what`. */
 moejit_status mj_ep_usable(const struct moejit_model *m, const char *what);
-/* ncclCommAbort(comm) on a thread of its own, waited for 5 s at most
- * (within a node NCCL can wait for a dead peer even to abort): 1 if it
- * returned in that time. With `keep`, *keep holds a reference to the job
- * (NULL where no thread could be made and the abort ran here), for
- * mj_ep_abort_pending; drop it with mj_ep_abort_release. */
-int mj_ep_abort_comm(const mj_nccl *nccl, mj_nccl_comm comm, mj_ep_abort_job **keep);
+/* Aborts the communicator the model made, once, whichever thread asks
+ * first: the state becomes MJ_EP_ABORTED (no call enters NCCL on it from
+ * then on), calls already inside are let out (up to 1 s), and
+ * ncclCommAbort runs on a thread of its own (within a node NCCL can wait
+ * for a dead peer even to abort). Every caller then waits up to wait_ms
+ * for it to return. 0 for a caller's communicator (nothing done); else 1,
+ * with *hung (may be NULL) set when the abort had not returned. The model
+ * must outlive the call; the abort's thread does not need it. */
+int mj_ep_abort(mj_ep *ep, double wait_ms, int *hung);
+/* Around every NCCL call on the communicator: 0 (nothing entered) once it
+ * is being aborted; after 1, mj_ep_comm_leave. */
+int mj_ep_comm_enter(mj_ep *ep);
+void mj_ep_comm_leave(mj_ep *ep);
 /* 1 while the job's ncclCommAbort has not returned (0 for NULL). */
 int mj_ep_abort_pending(const mj_ep_abort_job *job);
 void mj_ep_abort_release(mj_ep_abort_job *job);

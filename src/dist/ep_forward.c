@@ -169,6 +169,11 @@ static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep
   if (ep->place.world == 1) return MOEJIT_OK;
   moejit_status st = mj_ctx_enter(m->ctx);
   if (st) return st;
+  if (!mj_ep_comm_enter((mj_ep *)ep)) { /* another thread is aborting it */
+    mj_ctx_leave(m->ctx);
+    st = mj_ep_usable(m, what);
+    return mj_model_fail(m, st ? st : mj_fail(MOEJIT_ERR_INTERNAL, "%s: aborted", what));
+  }
   st = mj_nccl_check(nc, nc->GroupStart(), ep->comm, "ncclGroupStart");
   for (int r = 0; r < ep->place.world && !st; r++) {
     if (r == ep->place.rank) continue;
@@ -192,14 +197,14 @@ static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep
   }
   /* the group must be closed even after a failure inside it */
   moejit_status end = mj_nccl_check(nc, nc->GroupEnd(), ep->comm, "ncclGroupEnd");
+  mj_ep_comm_leave((mj_ep *)ep);
   mj_ctx_leave(m->ctx);
   if (!st) st = end;
   if (!st) return MOEJIT_OK;
   /* the peers may now wait on transfers that never come: the model refuses
-   * its later forwards, and its communicator is aborted, not destroyed,
-   * when it goes (mj_ep_free) */
-  st = mj_fail_prefix(st, "%s", what);
-  return mj_model_fail(m, mj_ep_fail(m, st));
+   * its later forwards (mj_ep_fail), and its communicator is aborted
+   * (ep_forward_failed) */
+  return mj_fail_prefix(st, "%s", what);
 }
 
 /* Exact mode: each peer's count for us, then one host wait. */
@@ -298,11 +303,33 @@ static moejit_status launch_combine(const moejit_model *m, const moejit_moe_args
   return mj_ctx_launch(m->ctx, m->ep_combine, g, block, 0, stream, params);
 }
 
+/* A call that failed once its exchanges began: the peers may wait on
+ * transfers that never come, so the model refuses what follows and its
+ * communicator is aborted (bounded; a caller's is left to the caller). */
+static moejit_status exchanges_failed(const moejit_model *m, moejit_status st) {
+  mj_ep_fail(m, st);
+  (void)mj_ep_abort((mj_ep *)m->ep, 5000.0, NULL);
+  return mj_model_fail(m, st);
+}
+
+static moejit_status forward_body(const moejit_model *m, const moejit_moe_args *a,
+                                  moejit_stream stream, int *exchanging);
+
 moejit_status mj_ep_forward(const moejit_model *m, const moejit_moe_args *a,
                             moejit_stream stream) {
   moejit_status st = check_args(m, a, stream);
   if (st) return st;
   if ((st = mj_ep_usable(m, op))) return mj_model_fail(m, st);
+  int exchanging = 0;
+  st = forward_body(m, a, stream, &exchanging);
+  return st && exchanging ? exchanges_failed(m, st) : st;
+}
+
+/* The forward once its arguments are checked; *exchanging set once the
+ * first exchange is about to be enqueued. */
+static moejit_status forward_body(const moejit_model *m, const moejit_moe_args *a,
+                                  moejit_stream stream, int *exchanging) {
+  moejit_status st;
   const mj_ep *ep = m->ep;
   const mj_ep_placement *p = &ep->place;
   const moejit_spec *s = &m->spec;
@@ -323,6 +350,7 @@ moejit_status mj_ep_forward(const moejit_model *m, const moejit_moe_args *a,
   float *w = a->topk_weights ? a->topk_weights : AT(ws, l.weights);
   if ((st = record(m, a, 0, stream))) return st;
   if ((st = launch_front(m, a, ws, &l, ids, w, stream))) return st;
+  *exchanging = 1;
   if (a->ep_capacity == 0) {
     int32_t counts[MOEJIT_EP_MAX_WORLD], recv[MOEJIT_EP_MAX_WORLD];
     if ((st = exchange_counts(m, ws, &l, counts, recv, stream))) return st;
@@ -374,8 +402,7 @@ moejit_status moejit_ep_alltoall(const moejit_model *model, const void *send, vo
   ep_plan pl;
   plan_one_each(p, &pl);
   const ep_xfer x = {send, recv, bytes_per_rank};
-  st = exchange(model, &pl, &x, 1, 0, fn, stream);
-  if (st) return st;
+  if ((st = exchange(model, &pl, &x, 1, 0, fn, stream))) return exchanges_failed(model, st);
   const size_t self = (size_t)p->rank * bytes_per_rank;
   return moejit_memcpy_dtod(model->ctx, (char *)recv + self, (const char *)send + self,
                             bytes_per_rank, stream);

@@ -92,7 +92,7 @@ static moejit_status upload_maps(moejit_ctx *ctx, mj_ep *ep) {
 typedef struct join_job {
   const mj_nccl *nccl;
   const mj_driver *d;
-  CUcontext cu; /* the thread makes the ctx's device current: NCCL takes its GPU */
+  CUdevice dev; /* the thread makes its primary context current: NCCL takes that GPU */
   int world, rank;
   mj_nccl_unique_id id;
   pthread_mutex_t mu;
@@ -110,11 +110,15 @@ static void join_release(join_job *j) {
   free(j);
 }
 
+/* With the device's primary context retained and current for the call:
+ * the ctx may be destroyed meanwhile (after a timeout). */
 static mj_nccl_result join_now(join_job *j, mj_nccl_comm *comm) {
-  CUcontext popped;
-  const int pushed = j->d->CtxPushCurrent(j->cu) == CUDA_SUCCESS;
+  CUcontext cu = NULL, popped;
+  const int retained = j->d->DevicePrimaryCtxRetain(&cu, j->dev) == CUDA_SUCCESS;
+  const int pushed = retained && j->d->CtxPushCurrent(cu) == CUDA_SUCCESS;
   const mj_nccl_result r = j->nccl->CommInitRank(comm, j->world, j->id, j->rank);
   if (pushed) (void)j->d->CtxPopCurrent(&popped);
+  if (retained) (void)j->d->DevicePrimaryCtxRelease(j->dev);
   return r;
 }
 
@@ -134,7 +138,7 @@ static void *join_thread(void *arg) {
 static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id *id) {
   join_job *j = calloc(1, sizeof *j);
   if (!j) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op);
-  j->nccl = ep->nccl, j->d = mj_ctx_driver(ctx), j->cu = mj_ctx_cu(ctx);
+  j->nccl = ep->nccl, j->d = mj_ctx_driver(ctx), j->dev = mj_ctx_device(ctx);
   j->world = ep->place.world, j->rank = ep->place.rank;
   memcpy(j->id.internal, id->bytes, sizeof j->id.internal);
   j->refs = 2;
@@ -183,17 +187,18 @@ static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id 
 
 void mj_ep_free(moejit_ctx *ctx, mj_ep *ep) {
   if (!ep) return;
-  /* an aborted communicator is gone already (ep_wait.c) */
-  if (ep->comm && ep->owns_comm && atomic_load(&ep->state) != MJ_EP_ABORTED) {
+  /* an aborted communicator is gone already, or going (ep_wait.c) */
+  if (ep->comm && ep->owns_comm && !atomic_load(&ep->abort_claimed)) {
     if (mj_ctx_enter(ctx) == MOEJIT_OK) {
       /* after a failure, or an error NCCL found on its own (a peer that
-       * died), ncclCommDestroy would wait for the peers: abort instead */
+       * died), ncclCommDestroy would wait for the peers: abort instead,
+       * bounded (it may wait for a dead peer too) */
       mj_nccl_result async = MJ_NCCL_SUCCESS;
       const int failed = atomic_load(&ep->state) != MJ_EP_OK ||
                          ep->nccl->CommGetAsyncError(ep->comm, &async) != MJ_NCCL_SUCCESS ||
                          (async != MJ_NCCL_SUCCESS && async != MJ_NCCL_IN_PROGRESS);
       if (failed)
-        (void)mj_ep_abort_comm(ep->nccl, ep->comm, NULL); /* bounded: it may wait for a dead peer */
+        (void)mj_ep_abort(ep, 5000.0, NULL);
       else
         ep->nccl->CommDestroy(ep->comm);
       mj_ctx_leave(ctx);

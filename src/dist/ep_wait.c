@@ -29,6 +29,8 @@
 #define EP_DRAIN_MS 10000.0
 /* How long an abort may take before the caller gets its thread back. */
 #define EP_ABORT_WAIT_MS 5000.0
+/* How long an abort lets calls inside NCCL on the communicator leave. */
+#define EP_USERS_WAIT_MS 1000.0
 
 /* What to do about a failed model: load again, or, while NCCL's abort of
  * its communicator has not returned, end the process. */
@@ -73,13 +75,16 @@ moejit_status mj_ep_fail(const moejit_model *m, moejit_status st) {
 /* ncclCommAbort on a thread of its own. NCCL raises the communicator's
  * abort flag first, which ends its kernels, but then frees the
  * communicator, and within a node that can wait for the peers, for ever
- * when one died (NVIDIA/nccl issues 863, 1777): the caller gets its thread
- * back after EP_ABORT_WAIT_MS all the same. The job is freed by whichever
- * of the two lets go last. */
+ * when one died (NVIDIA/nccl issues 863, 1777): the callers get their
+ * threads back after a bound all the same. The job is shared by the
+ * model (mj_ep.abort_job) and the thread, and freed by whichever lets go
+ * last; the thread touches nothing else, so the model may go first. */
 struct mj_ep_abort_job {
   const mj_nccl *nccl;
   mj_nccl_comm comm;
-  atomic_int done, refs;
+  atomic_int done;    /* ncclCommAbort returned */
+  atomic_int overdue; /* a wait ran out: later waits do not wait again */
+  atomic_int refs;
 };
 
 void mj_ep_abort_release(mj_ep_abort_job *j) {
@@ -98,49 +103,86 @@ static void *abort_thread(void *arg) {
   return NULL;
 }
 
-int mj_ep_abort_comm(const mj_nccl *nccl, mj_nccl_comm comm, mj_ep_abort_job **keep) {
-  if (keep) *keep = NULL;
-  mj_ep_abort_job *j = calloc(1, sizeof *j);
+/* Starts the job's thread (which takes a reference), or, with no thread to
+ * spare, aborts here, however long that takes. */
+static void job_start(mj_ep_abort_job *j) {
   pthread_t t;
   pthread_attr_t attr;
   int started = 0;
-  if (j && pthread_attr_init(&attr) == 0) {
-    j->nccl = nccl, j->comm = comm;
-    atomic_store(&j->refs, keep ? 3 : 2); /* the thread, this call, the keeper */
+  atomic_fetch_add(&j->refs, 1);
+  if (pthread_attr_init(&attr) == 0) {
     started = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
               pthread_create(&t, &attr, abort_thread, j) == 0;
     pthread_attr_destroy(&attr);
   }
-  if (!started) { /* no thread to spare: abort here, however long it takes */
-    free(j);
-    nccl->CommAbort(comm);
-    return 1;
-  }
-  const double t0 = mj_now_ms();
-  while (!atomic_load(&j->done) && mj_now_ms() - t0 < EP_ABORT_WAIT_MS) sleep_us(EP_POLL_US);
-  const int done = atomic_load(&j->done);
-  if (keep) *keep = j;
-  mj_ep_abort_release(j);
-  return done;
+  if (!started) abort_thread(j);
 }
 
-/* Aborts a communicator the model made, once (the thread that moves the
- * state to ABORTED does). 1 when it was aborted (now or before), 0 for a
- * caller's communicator; *hung set when ncclCommAbort has not returned. */
-static int abort_owned(const moejit_model *m, int *hung) {
-  mj_ep *ep = ep_of(m);
-  if (hung) *hung = 0;
-  if (!ep->owns_comm || !ep->comm) return 0;
-  int s = atomic_load(&ep->state);
-  while (s != MJ_EP_ABORTED)
-    if (atomic_compare_exchange_weak(&ep->state, &s, MJ_EP_ABORTED)) {
-      mj_ep_abort_job *job = NULL;
-      const int returned = mj_ep_abort_comm(ep->nccl, ep->comm, &job);
-      atomic_store(&ep->abort_job, job);
-      if (hung) *hung = !returned;
+/* 1 once the abort returned, waiting up to wait_ms (not at all once an
+ * earlier wait ran out). */
+static int job_wait(mj_ep_abort_job *j, double wait_ms) {
+  const double t0 = mj_now_ms();
+  while (!atomic_load(&j->done) && !atomic_load(&j->overdue)) {
+    if (mj_now_ms() - t0 >= wait_ms) {
+      atomic_store(&j->overdue, 1);
       break;
     }
+    sleep_us(EP_POLL_US);
+  }
+  return atomic_load(&j->done);
+}
+
+int mj_ep_comm_enter(mj_ep *ep) {
+  atomic_fetch_add(&ep->users, 1);
+  if (!atomic_load(&ep->abort_claimed)) return 1;
+  atomic_fetch_sub(&ep->users, 1);
+  return 0;
+}
+
+void mj_ep_comm_leave(mj_ep *ep) {
+  atomic_fetch_sub(&ep->users, 1);
+}
+
+int mj_ep_abort(mj_ep *ep, double wait_ms, int *hung) {
+  if (hung) *hung = 0;
+  if (!ep->owns_comm || !ep->comm) return 0;
+  const double t0 = mj_now_ms();
+  int expected = 0;
+  if (atomic_compare_exchange_strong(&ep->abort_claimed, &expected, 1)) {
+    atomic_store(&ep->state, MJ_EP_ABORTED);
+    /* no new call enters NCCL on the communicator now; let those inside
+     * leave first (enqueues take microseconds; a call blocked inside NCCL
+     * is what the abort may end, so it is not waited for long) */
+    while (atomic_load(&ep->users) > 0 && mj_now_ms() - t0 < EP_USERS_WAIT_MS) sleep_us(EP_POLL_US);
+    mj_ep_abort_job *j = calloc(1, sizeof *j);
+    if (!j) { /* no memory for a job: abort here, however long it takes */
+      ep->nccl->CommAbort(ep->comm);
+      atomic_store(&ep->abort_done_here, 1);
+      return 1;
+    }
+    j->nccl = ep->nccl, j->comm = ep->comm;
+    atomic_store(&j->refs, 1); /* the model's */
+    atomic_store(&ep->abort_job, j);
+    job_start(j);
+  }
+  /* whoever started it, wait on the job (published right after the claim) */
+  mj_ep_abort_job *j;
+  while (!(j = atomic_load(&ep->abort_job)) && !atomic_load(&ep->abort_done_here)) {
+    if (mj_now_ms() - t0 >= wait_ms) {
+      if (hung) *hung = 1;
+      return 1;
+    }
+    sleep_us(EP_POLL_US);
+  }
+  const double left = wait_ms - (mj_now_ms() - t0);
+  const int done = !j || job_wait(j, left > 0 ? left : 0);
+  if (hung) *hung = !done;
   return 1;
+}
+
+/* The model's owned communicator aborted (see mj_ep_abort). */
+static int abort_owned(const moejit_model *m, int *hung) {
+  return mj_ep_abort(ep_of(m), EP_ABORT_WAIT_MS, hung);
 }
 
 /* The refusal of a failed model: the first failure's status and reason. */
@@ -152,24 +194,33 @@ static moejit_status refusal(const moejit_model *m, const char *what) {
                  ready ? ep->why : "another thread is recording why", hint_for((mj_ep *)ep));
 }
 
-/* 1 with the failure recorded when NCCL reports an error on the
- * communicator (the caller gives up on it). */
-static int nccl_reports_error(const moejit_model *m, const char *what) {
+/* 1 with the failure recorded (its status in *st, its message in
+ * msg[cap]) when NCCL reports an error on the communicator; the caller
+ * gives up on it. */
+static int nccl_reports_error(const moejit_model *m, const char *what, moejit_status *st, char *msg,
+                              size_t cap) {
   mj_ep *ep = ep_of(m);
-  if (!ep->comm || atomic_load(&ep->state) == MJ_EP_ABORTED) return 0;
+  if (!ep->comm || !mj_ep_comm_enter(ep)) return 0;
   mj_nccl_result async = MJ_NCCL_SUCCESS;
   const mj_nccl_result r = ep->nccl->CommGetAsyncError(ep->comm, &async);
-  if (r == MJ_NCCL_SUCCESS && (async == MJ_NCCL_SUCCESS || async == MJ_NCCL_IN_PROGRESS)) return 0;
-  moejit_status st =
-      mj_nccl_check(ep->nccl, r != MJ_NCCL_SUCCESS ? r : async, ep->comm, "ncclCommGetAsyncError");
-  st = mj_fail_prefix(st, "%s: the communicator is broken", what);
-  mark_failed(ep, st, moejit_last_error());
+  const int broken =
+      r != MJ_NCCL_SUCCESS || (async != MJ_NCCL_SUCCESS && async != MJ_NCCL_IN_PROGRESS);
+  if (broken)
+    *st = mj_nccl_check(ep->nccl, r != MJ_NCCL_SUCCESS ? r : async, ep->comm,
+                        "ncclCommGetAsyncError");
+  mj_ep_comm_leave(ep);
+  if (!broken) return 0;
+  *st = mj_fail_prefix(*st, "%s: the communicator is broken", what);
+  snprintf(msg, cap, "%s", moejit_last_error());
+  mark_failed(ep, *st, msg);
   return 1;
 }
 
 moejit_status mj_ep_usable(const moejit_model *m, const char *what) {
   if (atomic_load(&ep_of(m)->state) != MJ_EP_OK) return refusal(m, what);
-  if (!nccl_reports_error(m, what)) return MOEJIT_OK;
+  moejit_status st;
+  char msg[sizeof ep_of(m)->why];
+  if (!nccl_reports_error(m, what, &st, msg, sizeof msg)) return MOEJIT_OK;
   abort_owned(m, NULL); /* nothing of this call is on a stream yet */
   return refusal(m, what);
 }
@@ -211,18 +262,25 @@ static const char *give_up(const moejit_model *m, moejit_stream stream) {
 moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeout_ms,
                          const char *what) {
   mj_ep *ep = ep_of(m);
-  /* a model that failed before refuses; an error NCCL reports from here on
-   * is this wait's to tell (below) */
-  if (atomic_load(&ep->state) != MJ_EP_OK) return refusal(m, what);
+  char msg[sizeof ep->why];
+  if (atomic_load(&ep->state) != MJ_EP_OK) {
+    /* it failed before (an NCCL call's error, another thread's abort):
+     * give up on what it left on the stream, then refuse */
+    give_up(m, stream);
+    return refusal(m, what);
+  }
   moejit_status st;
   const double t0 = mj_now_ms();
   double checked = t0;
   for (;;) {
     const int done = stream_done(m, stream, &st);
-    if (done < 0) return st;
+    if (done < 0) { /* the context is broken: so is every exchange on it */
+      snprintf(msg, sizeof msg, "%s", moejit_last_error());
+      mark_failed(ep, st, msg);
+      return st;
+    }
     if (atomic_load(&ep->state) != MJ_EP_OK) {
-      /* another thread gave up (moejit_model_ep_abort): its abort ends
-       * the NCCL work, so the stream drains */
+      /* another thread gave up meanwhile (moejit_model_ep_abort) */
       if (!done) give_up(m, stream);
       return refusal(m, what);
     }
@@ -233,18 +291,19 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
       continue;
     }
     checked = now;
-    if (nccl_reports_error(m, what)) {
+    if (nccl_reports_error(m, what, &st, msg, sizeof msg)) {
       const char *after = give_up(m, stream);
-      return mj_fail(ep->why_status, "%s; %s; %s", ep->why, after, hint_for(ep));
+      return mj_fail(st, "%s; %s; %s", msg, after, hint_for(ep));
     }
     if (timeout_ms > 0 && waited >= timeout_ms) {
       mj_fail(MOEJIT_ERR_TIMEOUT,
               "%s: the exchanges with the peer ranks did not finish within %d ms (a peer may "
               "have died, hung or stopped calling the forward)",
               what, timeout_ms);
-      mj_ep_fail(m, MOEJIT_ERR_TIMEOUT);
+      snprintf(msg, sizeof msg, "%s", moejit_last_error());
+      mark_failed(ep, MOEJIT_ERR_TIMEOUT, msg);
       const char *after = give_up(m, stream);
-      return mj_fail(MOEJIT_ERR_TIMEOUT, "%s; %s; %s", ep->why, after, hint_for(ep));
+      return mj_fail(MOEJIT_ERR_TIMEOUT, "%s; %s; %s", msg, after, hint_for(ep));
     }
     sched_yield();
   }

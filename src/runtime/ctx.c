@@ -196,8 +196,8 @@ moejit_status mj_ctx_enter(moejit_ctx *ctx) {
   return mj_ctx_fail(ctx, mj_cu_check(ctx->d->CtxPushCurrent(ctx->cu), "cuCtxPushCurrent"));
 }
 
-CUcontext mj_ctx_cu(const moejit_ctx *ctx) {
-  return ctx->cu;
+CUdevice mj_ctx_device(const moejit_ctx *ctx) {
+  return ctx->dev;
 }
 
 void mj_ctx_leave(moejit_ctx *ctx) {

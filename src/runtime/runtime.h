@@ -96,9 +96,10 @@ moejit_status mj_ctx_record_event(moejit_ctx *ctx, moejit_event event, moejit_st
 /* The ctx's driver table (for the few callers outside src/runtime that
  * need a raw driver call, e.g. cuStreamSynchronize around NCCL). */
 const struct mj_driver *mj_ctx_driver(const moejit_ctx *ctx);
-/* The device's primary context the ctx retains: for a thread that must
- * make it current without holding on to the ctx (which may go first). */
-CUcontext mj_ctx_cu(const moejit_ctx *ctx);
+/* The ctx's device: for a thread that must make its primary context
+ * current without holding on to the ctx (which may go first), retaining
+ * the context itself (cuDevicePrimaryCtxRetain). */
+CUdevice mj_ctx_device(const moejit_ctx *ctx);
 
 /* Records the calling thread's last error message (moejit_last_error())
  * as the context's last error too (ops call this on failure paths they

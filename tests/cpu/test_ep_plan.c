@@ -3,9 +3,12 @@
  * forward and its sizing, NCCL unique ids as text and files, NCCL missing,
  * and the ep kernels compiling with NVRTC for every preset. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -296,6 +299,97 @@ Test(ep_plan, wait_and_abort_refuse_a_null_model) {
   cr_expect(strstr(moejit_last_error(), "moejit_model_ep_abort: model is NULL"), "%s",
             moejit_last_error());
   cr_expect_str_eq(moejit_status_str(MOEJIT_ERR_TIMEOUT), "timed out");
+}
+
+/* ---- giving up on a communicator (ep_wait.c), with a stand-in abort --- */
+
+static atomic_int aborts_called, abort_sleep_ms;
+
+static mj_nccl_result slow_abort(mj_nccl_comm comm) {
+  (void)comm;
+  atomic_fetch_add(&aborts_called, 1);
+  const int ms = atomic_load(&abort_sleep_ms);
+  const struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&t, NULL);
+  return MJ_NCCL_SUCCESS;
+}
+
+static double ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+typedef struct abort_call {
+  mj_ep *ep;
+  int hung, owned;
+  double took;
+} abort_call;
+
+static void *call_abort(void *arg) {
+  abort_call *c = arg;
+  const double t0 = ms_now();
+  c->owned = mj_ep_abort(c->ep, 300.0, &c->hung);
+  c->took = ms_now() - t0;
+  return NULL;
+}
+
+/* Two threads give up at once while ncclCommAbort takes 1.5 s (NCCL's can
+ * wait for a dead peer for ever): it runs once, on a thread of its own;
+ * both callers get their thread back after the 300 ms bound and learn that
+ * it has not returned; the model can go before it does. */
+Test(ep_plan, an_abort_runs_once_and_its_waits_are_bounded) {
+  static mj_nccl n;
+  n.CommAbort = slow_abort;
+  atomic_store(&abort_sleep_ms, 1500);
+  mj_ep *ep = calloc(1, sizeof *ep);
+  cr_assert_not_null(ep);
+  ep->nccl = &n;
+  ep->comm = (mj_nccl_comm)&n;
+  ep->owns_comm = 1;
+  cr_assert_eq(mj_ep_comm_enter(ep), 1, "a healthy communicator lets calls in");
+  mj_ep_comm_leave(ep);
+  abort_call c[2] = {{.ep = ep}, {.ep = ep}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&t[i], NULL, call_abort, &c[i]), 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < 2; i++) {
+    cr_expect_eq(c[i].owned, 1);
+    cr_expect_eq(c[i].hung, 1, "caller %d: the abort had not returned", i);
+    cr_expect(c[i].took >= 250 && c[i].took < 1400, "caller %d waited %.0f ms", i, c[i].took);
+  }
+  cr_expect_eq(atomic_load(&aborts_called), 1, "ncclCommAbort ran once");
+  cr_expect_eq(atomic_load(&ep->state), MJ_EP_ABORTED);
+  cr_expect_eq(mj_ep_comm_enter(ep), 0, "no call enters NCCL on an aborted communicator");
+  mj_ep_abort_job *job = atomic_load(&ep->abort_job);
+  cr_expect_eq(mj_ep_abort_pending(job), 1);
+  /* a later wait does not wait again for an abort that ran out */
+  abort_call again = {.ep = ep};
+  call_abort(&again);
+  cr_expect(again.hung && again.took < 100, "again: hung %d after %.0f ms", again.hung, again.took);
+  /* the model goes first; the abort's thread keeps the job */
+  mj_ep_abort_release(job);
+  free(ep);
+  const struct timespec rest = {1, 600000000L};
+  nanosleep(&rest, NULL);
+  cr_expect_eq(atomic_load(&aborts_called), 1);
+}
+
+/* A caller's communicator is never aborted by moejit. */
+Test(ep_plan, a_callers_communicator_is_not_aborted) {
+  static mj_nccl n;
+  n.CommAbort = slow_abort;
+  atomic_store(&abort_sleep_ms, 0);
+  mj_ep ep;
+  memset(&ep, 0, sizeof ep);
+  ep.nccl = &n;
+  ep.comm = (mj_nccl_comm)&n;
+  int hung = 7;
+  cr_expect_eq(mj_ep_abort(&ep, 300.0, &hung), 0);
+  cr_expect_eq(hung, 0);
+  cr_expect_eq(atomic_load(&aborts_called), 0);
+  cr_expect_eq(mj_ep_comm_enter(&ep), 1);
+  mj_ep_comm_leave(&ep);
 }
 
 Test(ep_plan, ep_kernels_compile_for_every_preset, .timeout = 600) {

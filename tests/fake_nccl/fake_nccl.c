@@ -22,7 +22,10 @@
  *                           streams (NCCL's abort flag) but then does not
  *                           return for 60 s, as NCCL's can when it waits
  *                           for a dead peer to free the communicator
- * Collectives otherwise succeed and move nothing. */
+ * Collectives otherwise succeed and move nothing. A communicator that was
+ * destroyed or aborted is remembered (its memory is never reused): any
+ * later call on it, a second teardown included, abort()s the process, so
+ * a use after abort fails the test that does it. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -85,39 +88,59 @@ static int hang_stream(void *stream) {
   return launch && launch(stream, hang_fn, NULL) == 0 ? 0 : 1; /* ncclUnhandledCudaError */
 }
 
+/* Communicators torn down so far (kept allocated, so no address comes
+ * back). */
+static void *_Atomic gone[256];
+static atomic_int n_gone;
+
+static void check_alive(const void *comm) {
+  const int n = atomic_load(&n_gone);
+  for (int i = 0; i < n && i < 256; i++)
+    if (atomic_load(&gone[i]) == comm) {
+      fprintf(stderr, "fake NCCL: a call on communicator %p after its destroy or abort\n", comm);
+      abort();
+    }
+}
+
+static void tear_down(void *comm) {
+  check_alive(comm);
+  const int i = atomic_fetch_add(&n_gone, 1);
+  if (i < 256) atomic_store(&gone[i], comm);
+}
+
 int ncclCommDestroy(void *comm) {
+  tear_down(comm);
   atomic_store(&hang_released, 1);
   log_line("destroy");
-  free(comm);
   return 0;
 }
 int ncclCommAbort(void *comm) {
+  tear_down(comm);
   atomic_store(&hang_released, 1);
   log_line("abort");
   if (env_int("FAKE_NCCL_ABORT_HANG", 0)) {
     const struct timespec s = {60, 0};
     nanosleep(&s, NULL);
   }
-  free(comm);
   return 0;
 }
 int ncclCommCount(const void *comm, int *count) {
-  (void)comm;
+  check_alive(comm);
   *count = env_int("FAKE_NCCL_COUNT", 2);
   return 0;
 }
 int ncclCommUserRank(const void *comm, int *rank) {
-  (void)comm;
+  check_alive(comm);
   *rank = env_int("FAKE_NCCL_RANK", 0);
   return 0;
 }
 int ncclCommCuDevice(const void *comm, int *device) {
-  (void)comm;
+  check_alive(comm);
   *device = env_int("FAKE_NCCL_DEVICE", 0);
   return 0;
 }
 int ncclCommGetAsyncError(void *comm, int *error) {
-  (void)comm;
+  check_alive(comm);
   *error = env_int("FAKE_NCCL_HANG", 0) == 2 && atomic_load(&hang_started)
                ? 6
                : env_int("FAKE_NCCL_ASYNC_ERROR", 0);
@@ -137,10 +160,12 @@ int ncclGroupEnd(void) {
   return 0;
 }
 int ncclSend(const void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
-  (void)buf, (void)count, (void)dtype, (void)peer, (void)comm;
+  (void)buf, (void)count, (void)dtype, (void)peer;
+  check_alive(comm);
   return env_int("FAKE_NCCL_SEND_FAIL", 0) ? 6 : hang_stream(stream);
 }
 int ncclRecv(void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
-  (void)buf, (void)count, (void)dtype, (void)peer, (void)comm;
+  (void)buf, (void)count, (void)dtype, (void)peer;
+  check_alive(comm);
   return hang_stream(stream);
 }
