@@ -201,9 +201,8 @@ static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep
   mj_ctx_leave(m->ctx);
   if (!st) st = end;
   if (!st) return MOEJIT_OK;
-  /* the peers may now wait on transfers that never come: the model refuses
-   * its later forwards (mj_ep_fail), and its communicator is aborted
-   * (ep_forward_failed) */
+  /* the peers may now wait on transfers that never come: the caller fails
+   * the model and aborts its communicator (exchanges_failed) */
   return mj_fail_prefix(st, "%s", what);
 }
 
@@ -326,7 +325,9 @@ moejit_status mj_ep_forward(const moejit_model *m, const moejit_moe_args *a,
 }
 
 /* The forward once its arguments are checked; *exchanging set once the
- * first exchange is about to be enqueued. */
+ * first exchange with peers is about to be enqueued for real (not with one
+ * rank, which has no peers to leave waiting, nor into a graph capture,
+ * where nothing runs yet). */
 static moejit_status forward_body(const moejit_model *m, const moejit_moe_args *a,
                                   moejit_stream stream, int *exchanging) {
   moejit_status st;
@@ -350,7 +351,7 @@ static moejit_status forward_body(const moejit_model *m, const moejit_moe_args *
   float *w = a->topk_weights ? a->topk_weights : AT(ws, l.weights);
   if ((st = record(m, a, 0, stream))) return st;
   if ((st = launch_front(m, a, ws, &l, ids, w, stream))) return st;
-  *exchanging = 1;
+  *exchanging = p->world > 1 && !mj_ctx_stream_capturing(m->ctx, stream);
   if (a->ep_capacity == 0) {
     int32_t counts[MOEJIT_EP_MAX_WORLD], recv[MOEJIT_EP_MAX_WORLD];
     if ((st = exchange_counts(m, ws, &l, counts, recv, stream))) return st;
