@@ -356,8 +356,11 @@ Test(ep_plan, an_abort_runs_once_and_its_waits_are_bounded) {
   for (int i = 0; i < 2; i++) {
     cr_expect_eq(c[i].owned, 1);
     cr_expect_eq(c[i].hung, 1, "caller %d: the abort had not returned", i);
-    cr_expect(c[i].took >= 250 && c[i].took < 1400, "caller %d waited %.0f ms", i, c[i].took);
+    /* the later caller may return as soon as the first one's wait ran out */
+    cr_expect(c[i].took < 1400, "caller %d waited %.0f ms", i, c[i].took);
   }
+  cr_expect(c[0].took >= 250 || c[1].took >= 250, "the bound was waited for: %.0f, %.0f ms",
+            c[0].took, c[1].took);
   cr_expect_eq(atomic_load(&aborts_called), 1, "ncclCommAbort ran once");
   cr_expect_eq(atomic_load(&ep->state), MJ_EP_ABORTED);
   cr_expect_eq(mj_ep_comm_enter(ep), 0, "no call enters NCCL on an aborted communicator");
