@@ -6,6 +6,7 @@
 #                only compiles the kernels into cache/)
 #   make test    build, then run every test (GPU tests skip without a GPU)
 #   make asan    the CPU tests under AddressSanitizer + UBSan (build-asan/)
+#   make tsan    the stress programs (tests/stress/) under ThreadSanitizer (build-tsan/)
 #   make fuzz    FUZZ_MINUTES=N (default 5) of libFuzzer per harness (clang, ASan+UBSan;
 #                build-fuzz/), then executions, coverage and crashes per harness
 #   make fuzz-merge  add the inputs make fuzz found that reach new code to tests/fuzz/corpus/
@@ -26,7 +27,7 @@ FUZZ_SECONDS ?= $(shell echo $$(( $(FUZZ_MINUTES) * 60 )))
 FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_HARNESSES ?= config cache_entry tuned_table
 
-.PHONY: all deps configure build run test asan fuzz-build fuzz fuzz-merge clean
+.PHONY: all deps configure build run test asan tsan fuzz-build fuzz fuzz-merge clean
 
 all: build
 
@@ -58,6 +59,17 @@ asan: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 ctest --test-dir build-asan -L cpu -E install.consumer \
 	  --output-on-failure -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 ctest --test-dir build-asan -R gpu.test_badargs \
+	  --output-on-failure
+
+# Criterion cannot start under ThreadSanitizer, so only the stress programs
+# run here: threads on one cache directory, and on one expert-parallel
+# communicator's abort. halt_on_error: a report fails the run.
+STRESS_TARGETS := $(patsubst tests/stress/%.c,%,$(wildcard tests/stress/stress_*.c))
+tsan: deps
+	cmake -S . -B build-tsan -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMOEJIT_SANITIZE=thread -DMOEJIT_BUILD_BENCH=OFF $(AS_NEEDED)
+	cmake --build build-tsan -j $(JOBS) --target $(STRESS_TARGETS)
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir build-tsan -L stress \
 	  --output-on-failure
 
 # The library is built with coverage instrumentation (fuzzer-no-link) so that
