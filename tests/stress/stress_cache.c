@@ -86,7 +86,8 @@ static void *maintain(void *arg) {
 }
 
 int main(void) {
-  snprintf(dir, sizeof dir, "%s/moejit-stress-cache-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  snprintf(dir, sizeof dir, "%s/moejit-stress-cache-XXXXXX",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   if (!mkdtemp(dir)) {
     perror("mkdtemp");
     return 1;
@@ -110,8 +111,10 @@ int main(void) {
   pthread_join(m, NULL);
   moejit_cache_stats s;
   size_t ok = 0, bad = 0;
-  if (moejit_cache_stats_get(dir, &s) != MOEJIT_OK) fail("final stats failed");
-  else if (s.bytes > LIMIT) fail("the cache is over its limit once the writers are done");
+  if (moejit_cache_stats_get(dir, &s) != MOEJIT_OK)
+    fail("final stats failed");
+  else if (s.bytes > LIMIT)
+    fail("the cache is over its limit once the writers are done");
   if (moejit_cache_verify(dir, 0, &ok, &bad) != MOEJIT_OK || bad) fail("an entry does not verify");
   mj_cache_close(shared);
   mj_cache_close(own[0]);
@@ -128,9 +131,10 @@ int main(void) {
   }
   rmdir(dir);
   const int f = atomic_load(&failures);
-  printf("stress_cache: %d threads x %d rounds over %d keys, limit %u bytes: %s (%llu entries, "
-         "%llu bytes at the end)\n",
-         THREADS, ROUNDS, KEYS, LIMIT, f ? "FAILED" : "ok", (unsigned long long)s.entries,
-         (unsigned long long)s.bytes);
+  printf(
+      "stress_cache: %d threads x %d rounds over %d keys, limit %u bytes: %s (%llu entries, "
+      "%llu bytes at the end)\n",
+      THREADS, ROUNDS, KEYS, LIMIT, f ? "FAILED" : "ok", (unsigned long long)s.entries,
+      (unsigned long long)s.bytes);
   return f ? 1 : 0;
 }

@@ -91,8 +91,9 @@ int main(void) {
   nanosleep(&rest, NULL); /* the last aborts return */
   if (atomic_load(&aborts) != ROUNDS) fail("not exactly one abort per round");
   const int f = atomic_load(&failures);
-  printf("stress_ep_abort: %d rounds of %d threads giving up with %d calls going in and out: "
-         "%d aborts, %s\n",
-         ROUNDS, ABORTERS, USERS, atomic_load(&aborts), f ? "FAILED" : "ok");
+  printf(
+      "stress_ep_abort: %d rounds of %d threads giving up with %d calls going in and out: "
+      "%d aborts, %s\n",
+      ROUNDS, ABORTERS, USERS, atomic_load(&aborts), f ? "FAILED" : "ok");
   return f ? 1 : 0;
 }
