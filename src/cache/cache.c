@@ -275,10 +275,7 @@ static int open_temp(const char *final_path, char *tmp, size_t cap) {
 
 static void stall(mj_cache *c) {
   int ms = atomic_load(&c->stall_ms);
-  if (ms <= 0) return;
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
+  if (ms > 0) mj_sleep_us(ms * 1000L);
 }
 
 /* Header + metadata, then payload, fsync, close; errno set on failure. */

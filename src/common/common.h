@@ -58,6 +58,11 @@ int mj_online_cpus(void);
 
 /* Monotonic clock in milliseconds. */
 double mj_now_ms(void);
+/* Sleeps `us` microseconds, the whole time even when a signal interrupts. */
+void mj_sleep_us(long us);
+/* Runs fn(arg) on a detached thread of its own: 1 if it started, 0 if no
+ * thread could be made (fn has not run). */
+int mj_thread_detached(void *(*fn)(void *), void *arg);
 /* Wall clock, unix seconds. */
 int64_t mj_unix_time(void);
 

@@ -1,5 +1,6 @@
 /* A minimal parallel-for over pthreads (workers pull indices from a shared
  * counter) and clocks. Used for compiling many kernels at once. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -53,3 +54,19 @@ double mj_now_ms(void) {
 }
 
 int64_t mj_unix_time(void) { return (int64_t)time(NULL); }
+
+void mj_sleep_us(long us) {
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int mj_thread_detached(void *(*fn)(void *), void *arg) {
+  pthread_attr_t attr;
+  pthread_t t;
+  if (pthread_attr_init(&attr) != 0) return 0;
+  const int started = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+                      pthread_create(&t, &attr, fn, arg) == 0;
+  pthread_attr_destroy(&attr);
+  return started;
+}

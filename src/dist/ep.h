@@ -113,6 +113,10 @@ moejit_status mj_ep_fail(const struct moejit_model *m, moejit_status st);
  * its communicator; otherwise fails it (aborting an owned communicator
  * NCCL reports broken) and returns the refusal, prefixed with `what`. */
 moejit_status mj_ep_usable(const struct moejit_model *m, const char *what);
+/* How long a caller waits for ncclCommAbort before it takes its thread
+ * back (mj_ep_abort's wait_ms everywhere moejit aborts). */
+#define MJ_EP_ABORT_WAIT_MS 5000.0
+
 /* Aborts the communicator the model made, once, whichever thread asks
  * first: the state becomes MJ_EP_ABORTED (no call enters NCCL on it from
  * then on), calls already inside are let out (up to 1 s), and

@@ -307,7 +307,7 @@ static moejit_status launch_combine(const moejit_model *m, const moejit_moe_args
  * communicator is aborted (bounded; a caller's is left to the caller). */
 static moejit_status exchanges_failed(const moejit_model *m, moejit_status st) {
   mj_ep_fail(m, st);
-  (void)mj_ep_abort((mj_ep *)m->ep, 5000.0, NULL);
+  (void)mj_ep_abort((mj_ep *)m->ep, MJ_EP_ABORT_WAIT_MS, NULL);
   return mj_model_fail(m, st);
 }
 

@@ -81,8 +81,7 @@ moejit_status moejit_nccl_id_read_file(const char *path, int timeout_ms, moejit_
                      "moejit_nccl_id_read_file: %s: %s after %d ms; HINT: rank 0 writes it with "
                      "moejit_nccl_id_write_file (moejit run --ep-id-file)",
                      path, strerror(errno), timeout_ms);
-    struct timespec ts = {0, 20 * 1000 * 1000};
-    nanosleep(&ts, NULL);
+    mj_sleep_us(20000);
   }
   char *data = NULL;
   size_t len = 0;

@@ -143,20 +143,11 @@ static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id 
   memcpy(j->id.internal, id->bytes, sizeof j->id.internal);
   j->refs = 2;
   pthread_mutex_init(&j->mu, NULL);
-  pthread_t t;
-  pthread_attr_t attr;
-  int started = 0;
-  if (pthread_attr_init(&attr) == 0) {
-    started = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
-              pthread_create(&t, &attr, join_thread, j) == 0;
-    pthread_attr_destroy(&attr);
-  }
-  if (!started) { /* no thread to spare: join here, however long it takes */
+  if (!mj_thread_detached(join_thread, j)) { /* no thread to spare: join here, however long */
     j->result = join_now(j, &j->comm);
     j->done = 1, j->refs = 1;
   }
   const double t0 = mj_now_ms();
-  const struct timespec poll = {0, 200000L};
   int done = 0;
   for (;;) {
     pthread_mutex_lock(&j->mu);
@@ -165,7 +156,7 @@ static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id 
     const int abandoned = j->abandoned;
     pthread_mutex_unlock(&j->mu);
     if (done || abandoned) break;
-    nanosleep(&poll, NULL);
+    mj_sleep_us(200);
   }
   const mj_nccl_comm comm = j->comm;
   const mj_nccl_result r = j->result;
@@ -198,7 +189,7 @@ void mj_ep_free(moejit_ctx *ctx, mj_ep *ep) {
                          ep->nccl->CommGetAsyncError(ep->comm, &async) != MJ_NCCL_SUCCESS ||
                          (async != MJ_NCCL_SUCCESS && async != MJ_NCCL_IN_PROGRESS);
       if (failed)
-        (void)mj_ep_abort(ep, 5000.0, NULL);
+        (void)mj_ep_abort(ep, MJ_EP_ABORT_WAIT_MS, NULL);
       else
         ep->nccl->CommDestroy(ep->comm);
       mj_ctx_leave(ctx);

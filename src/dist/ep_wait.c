@@ -6,12 +6,10 @@
  * communicator's asynchronous error instead, and past the model's time
  * limit (or on an error) aborts a communicator the model made, which ends
  * those kernels. A failed model refuses its later forwards. */
-#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/common.h"
 #include "dist/ep.h"
@@ -27,8 +25,6 @@
 #define EP_POLL_US 200
 /* After an abort, how long the stream gets to drain. */
 #define EP_DRAIN_MS 10000.0
-/* How long an abort may take before the caller gets its thread back. */
-#define EP_ABORT_WAIT_MS 5000.0
 /* How long an abort lets calls inside NCCL on the communicator leave. */
 #define EP_USERS_WAIT_MS 1000.0
 
@@ -39,11 +35,6 @@ static const char *hint_for(mj_ep *ep) {
              ? "HINT: end this process (_exit: tearing CUDA down under NCCL's unfinished abort "
                "is not safe) and start every rank again"
              : "HINT: destroy the model and load it again on every rank";
-}
-
-static void sleep_us(long us) {
-  const struct timespec ts = {0, us * 1000L};
-  nanosleep(&ts, NULL);
 }
 
 static mj_ep *ep_of(const moejit_model *m) {
@@ -65,10 +56,16 @@ static void mark_failed(mj_ep *ep, moejit_status st, const char *msg) {
   atomic_compare_exchange_strong(&ep->state, &expected, MJ_EP_FAILED);
 }
 
+/* Fails the model with the message just recorded (moejit_last_error()),
+ * kept in msg[cap] for the caller's own message. */
+static void fail_with_last(mj_ep *ep, moejit_status st, char *msg, size_t cap) {
+  snprintf(msg, cap, "%s", moejit_last_error());
+  mark_failed(ep, st, msg);
+}
+
 moejit_status mj_ep_fail(const moejit_model *m, moejit_status st) {
   char msg[sizeof ep_of(m)->why];
-  snprintf(msg, sizeof msg, "%s", moejit_last_error());
-  mark_failed(ep_of(m), st, msg);
+  fail_with_last(ep_of(m), st, msg, sizeof msg);
   return st;
 }
 
@@ -106,16 +103,8 @@ static void *abort_thread(void *arg) {
 /* Starts the job's thread (which takes a reference), or, with no thread to
  * spare, aborts here, however long that takes. */
 static void job_start(mj_ep_abort_job *j) {
-  pthread_t t;
-  pthread_attr_t attr;
-  int started = 0;
   atomic_fetch_add(&j->refs, 1);
-  if (pthread_attr_init(&attr) == 0) {
-    started = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
-              pthread_create(&t, &attr, abort_thread, j) == 0;
-    pthread_attr_destroy(&attr);
-  }
-  if (!started) abort_thread(j);
+  if (!mj_thread_detached(abort_thread, j)) abort_thread(j);
 }
 
 /* 1 once the abort returned, waiting up to wait_ms (not at all once an
@@ -127,7 +116,7 @@ static int job_wait(mj_ep_abort_job *j, double wait_ms) {
       atomic_store(&j->overdue, 1);
       break;
     }
-    sleep_us(EP_POLL_US);
+    mj_sleep_us(EP_POLL_US);
   }
   return atomic_load(&j->done);
 }
@@ -153,7 +142,8 @@ int mj_ep_abort(mj_ep *ep, double wait_ms, int *hung) {
     /* no new call enters NCCL on the communicator now; let those inside
      * leave first (enqueues take microseconds; a call blocked inside NCCL
      * is what the abort may end, so it is not waited for long) */
-    while (atomic_load(&ep->users) > 0 && mj_now_ms() - t0 < EP_USERS_WAIT_MS) sleep_us(EP_POLL_US);
+    while (atomic_load(&ep->users) > 0 && mj_now_ms() - t0 < EP_USERS_WAIT_MS)
+      mj_sleep_us(EP_POLL_US);
     mj_ep_abort_job *j = calloc(1, sizeof *j);
     if (!j) { /* no memory for a job: abort here, however long it takes */
       ep->nccl->CommAbort(ep->comm);
@@ -172,7 +162,7 @@ int mj_ep_abort(mj_ep *ep, double wait_ms, int *hung) {
       if (hung) *hung = 1;
       return 1;
     }
-    sleep_us(EP_POLL_US);
+    mj_sleep_us(EP_POLL_US);
   }
   const double left = wait_ms - (mj_now_ms() - t0);
   const int done = !j || job_wait(j, left > 0 ? left : 0);
@@ -182,7 +172,7 @@ int mj_ep_abort(mj_ep *ep, double wait_ms, int *hung) {
 
 /* The model's owned communicator aborted (see mj_ep_abort). */
 static int abort_owned(const moejit_model *m, int *hung) {
-  return mj_ep_abort(ep_of(m), EP_ABORT_WAIT_MS, hung);
+  return mj_ep_abort(ep_of(m), MJ_EP_ABORT_WAIT_MS, hung);
 }
 
 /* The refusal of a failed model: the first failure's status and reason. */
@@ -211,8 +201,7 @@ static int nccl_reports_error(const moejit_model *m, const char *what, moejit_st
   mj_ep_comm_leave(ep);
   if (!broken) return 0;
   *st = mj_fail_prefix(*st, "%s: the communicator is broken", what);
-  snprintf(msg, cap, "%s", moejit_last_error());
-  mark_failed(ep, *st, msg);
+  fail_with_last(ep, *st, msg, cap);
   return 1;
 }
 
@@ -249,7 +238,7 @@ static const char *give_up(const moejit_model *m, moejit_stream stream) {
   moejit_status st;
   int done;
   while ((done = stream_done(m, stream, &st)) == 0 && mj_now_ms() - t0 < EP_DRAIN_MS)
-    sleep_us(EP_POLL_US);
+    mj_sleep_us(EP_POLL_US);
   if (done != 1)
     return done == 0 ? "the communicator was aborted, but the stream had not drained 10 s later"
                      : "the communicator was aborted, and the stream then failed";
@@ -275,8 +264,7 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
   for (;;) {
     const int done = stream_done(m, stream, &st);
     if (done < 0) { /* the context is broken: so is every exchange on it */
-      snprintf(msg, sizeof msg, "%s", moejit_last_error());
-      mark_failed(ep, st, msg);
+      fail_with_last(ep, st, msg, sizeof msg);
       return st;
     }
     if (atomic_load(&ep->state) != MJ_EP_OK) {
@@ -300,8 +288,7 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
               "%s: the exchanges with the peer ranks did not finish within %d ms (a peer may "
               "have died, hung or stopped calling the forward)",
               what, timeout_ms);
-      snprintf(msg, sizeof msg, "%s", moejit_last_error());
-      mark_failed(ep, MOEJIT_ERR_TIMEOUT, msg);
+      fail_with_last(ep, MOEJIT_ERR_TIMEOUT, msg, sizeof msg);
       const char *after = give_up(m, stream);
       return mj_fail(MOEJIT_ERR_TIMEOUT, "%s; %s; %s", msg, after, hint_for(ep));
     }
