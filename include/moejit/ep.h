@@ -78,17 +78,13 @@ typedef struct moejit_ep_opts {
   /* Longest a host wait on the ranks may take, in ms:
    *  - the load's join (with nccl_id; ncclCommInitRank waits until all
    *    `world` ranks have joined, counted from when this rank joins, after
-   *    its own compile) and the 4-byte exchange with every peer that ends
-   *    it (NCCL connects to a peer at the first exchange with it, blocking
-   *    the host until the peer connects too): a rank that never comes or
-   *    never connects fails the load with MOEJIT_ERR_TIMEOUT;
+   *    its own compile): a rank that never comes fails the load with
+   *    MOEJIT_ERR_TIMEOUT;
    *  - the exact forward's wait for its count exchange inside
    *    moejit_moe_forward, and moejit_model_ep_wait with a negative
    *    timeout: past it the model fails (moejit_model_ep_wait says how).
    * 0: no limit (NCCL's own behaviour: a peer that never answers is waited
-   * for), though an error NCCL reports still ends a forward's wait (and the
-   * load's exchange). >= 0. A caller's communicator (nccl_comm) is used as
-   * it is: its first exchange with a peer is the first forward's. */
+   * for), though an error NCCL reports still ends a forward's wait. >= 0. */
   int timeout_ms;
 } moejit_ep_opts;
 

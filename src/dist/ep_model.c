@@ -3,7 +3,6 @@
  * built for the global spec, the rest of the layer for this rank's experts
  * only, and the placement maps put on the device. */
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,16 +84,11 @@ static moejit_status upload_maps(moejit_ctx *ctx, mj_ep *ep) {
 }
 
 /* ncclCommInitRank waits until all `world` ranks have joined, with no
- * limit of its own, and NCCL connects to a peer only at the first exchange
- * with it, where ncclGroupEnd blocks the host until the peer connects too
- * (for ever, if it died in between). So the join runs on a thread of its
- * own and ends with one 4-byte exchange with every peer, which makes those
- * connections: the load waits for both up to opts.ep.timeout_ms (0: no
- * limit), and a forward's first exchange finds its peers connected. A rank
- * that never comes, or never connects, then fails the load with TIMEOUT
- * instead of holding it (or the first forward) for ever. Should the thread
- * finish after that after all, it aborts the communicator nobody took. The
- * job is freed by whichever of the two lets go last. */
+ * limit of its own. It runs on a thread of its own, waited for up to
+ * opts.ep.timeout_ms (0: no limit): a rank that never comes then fails the
+ * load with TIMEOUT instead of holding it for ever. Should the ranks all
+ * join after that after all, the thread aborts the communicator nobody
+ * took. The job is freed by whichever of the two lets go last. */
 typedef struct join_job {
   const mj_nccl *nccl;
   const mj_driver *d;
@@ -103,9 +97,7 @@ typedef struct join_job {
   mj_nccl_unique_id id;
   pthread_mutex_t mu;
   mj_nccl_comm comm;
-  moejit_status status; /* of the join; with msg, what failed */
-  char msg[512];
-  int connecting; /* 1 once ncclCommInitRank returned: the exchange with the peers */
+  mj_nccl_result result;
   int done, abandoned, refs;
 } join_job;
 
@@ -118,110 +110,27 @@ static void join_release(join_job *j) {
   free(j);
 }
 
-static int join_abandoned(join_job *j) {
-  pthread_mutex_lock(&j->mu);
-  const int a = j->abandoned;
-  pthread_mutex_unlock(&j->mu);
-  return a;
-}
-
-/* The status of a failed step, its message kept in the job (the thread's
- * own error record is not the loader's). */
-static moejit_status join_keep(join_job *j, moejit_status st) {
-  if (st) snprintf(j->msg, sizeof j->msg, "%s", moejit_last_error());
-  return st;
-}
-
-/* The exchange's stream and buffer. */
-typedef struct join_link {
-  CUstream s;
-  CUdeviceptr buf;
-} join_link;
-
-static void join_link_free(const mj_driver *d, join_link *l) {
-  if (l->s) (void)d->StreamSynchronize(l->s); /* after an abort too: its kernels have ended */
-  if (l->buf) (void)d->MemFree(l->buf);
-  if (l->s) (void)d->StreamDestroy(l->s);
-}
-
-/* One int32 to and from every peer on a stream of its own, waited for by
- * polling, so that a load that gave up (abandoned) or an error NCCL
- * reports ends the wait: MOEJIT_ERR_TIMEOUT when abandoned. */
-static moejit_status join_connect(join_job *j, mj_nccl_comm comm, join_link *l) {
-  const mj_driver *d = j->d;
-  const mj_nccl *n = j->nccl;
-  const size_t words = 2 * (size_t)j->world;
-  moejit_status st = mj_cu_check(d->StreamCreate(&l->s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  if (!st) st = mj_cu_check(d->MemAlloc(&l->buf, words * sizeof(int32_t)), "cuMemAlloc");
-  if (!st)
-    st = mj_cu_check(d->MemsetD32Async(l->buf, (unsigned)j->rank, words, l->s), "cuMemsetD32Async");
-  if (!st) st = mj_nccl_check(n, n->GroupStart(), comm, "ncclGroupStart");
-  if (!st) {
-    int32_t *send = (int32_t *)(uintptr_t)l->buf, *recv = send + j->world;
-    const mj_nccl_stream s = (mj_nccl_stream)l->s;
-    for (int p = 0; p < j->world && !st; p++) {
-      if (p == j->rank) continue;
-      st = mj_nccl_check(n, n->Send(send + p, 1, MJ_NCCL_INT32, p, comm, s), comm, "ncclSend");
-      if (!st)
-        st = mj_nccl_check(n, n->Recv(recv + p, 1, MJ_NCCL_INT32, p, comm, s), comm, "ncclRecv");
-    }
-    const moejit_status end = mj_nccl_check(n, n->GroupEnd(), comm, "ncclGroupEnd");
-    if (!st) st = end;
-  }
-  while (!st) {
-    const CUresult q = d->StreamQuery(l->s);
-    if (q == CUDA_SUCCESS) break;
-    if (q != CUDA_ERROR_NOT_READY) {
-      st = mj_cu_check(q, "cuStreamQuery");
-      break;
-    }
-    mj_nccl_result async = MJ_NCCL_SUCCESS;
-    st = mj_nccl_check(n, n->CommGetAsyncError(comm, &async), comm, "ncclCommGetAsyncError");
-    if (!st && async != MJ_NCCL_SUCCESS && async != MJ_NCCL_IN_PROGRESS)
-      st = mj_nccl_check(n, async, comm, "the communicator is broken (ncclCommGetAsyncError)");
-    if (!st && join_abandoned(j)) st = mj_fail(MOEJIT_ERR_TIMEOUT, "the load gave up waiting");
-    if (!st) mj_sleep_us(100);
-  }
-  return join_keep(j, st);
-}
-
-/* ncclCommInitRank, then the exchange with the peers, with the device's
- * primary context retained and current (the ctx may be destroyed
- * meanwhile, after a timeout). A communicator whose exchange failed is
- * aborted here, which ends what the exchange left on its stream. */
-static moejit_status join_now(join_job *j, mj_nccl_comm *comm) {
+/* With the device's primary context retained and current for the call:
+ * the ctx may be destroyed meanwhile (after a timeout). */
+static mj_nccl_result join_now(join_job *j, mj_nccl_comm *comm) {
   CUcontext cu = NULL, popped;
   const int retained = j->d->DevicePrimaryCtxRetain(&cu, j->dev) == CUDA_SUCCESS;
   const int pushed = retained && j->d->CtxPushCurrent(cu) == CUDA_SUCCESS;
-  moejit_status st =
-      join_keep(j, mj_nccl_check(j->nccl, j->nccl->CommInitRank(comm, j->world, j->id, j->rank),
-                                 NULL, "ncclCommInitRank"));
-  if (!st && j->world > 1) {
-    pthread_mutex_lock(&j->mu);
-    j->connecting = 1;
-    pthread_mutex_unlock(&j->mu);
-    join_link l = {0};
-    st = join_connect(j, *comm, &l);
-    if (st) {
-      (void)j->nccl->CommAbort(*comm);
-      *comm = NULL;
-    }
-    join_link_free(j->d, &l);
-  }
+  const mj_nccl_result r = j->nccl->CommInitRank(comm, j->world, j->id, j->rank);
   if (pushed) (void)j->d->CtxPopCurrent(&popped);
   if (retained) (void)j->d->DevicePrimaryCtxRelease(j->dev);
-  return st;
+  return r;
 }
 
 static void *join_thread(void *arg) {
   join_job *j = arg;
   mj_nccl_comm comm = NULL;
-  const moejit_status st = join_now(j, &comm);
+  const mj_nccl_result r = join_now(j, &comm);
   pthread_mutex_lock(&j->mu);
-  j->done = 1, j->comm = comm, j->status = st;
+  j->done = 1, j->comm = comm, j->result = r;
   const int abandoned = j->abandoned;
   pthread_mutex_unlock(&j->mu);
-  if (abandoned && !st && comm) (void)j->nccl->CommAbort(comm);
+  if (abandoned && r == MJ_NCCL_SUCCESS && comm) (void)j->nccl->CommAbort(comm);
   join_release(j);
   return NULL;
 }
@@ -235,14 +144,14 @@ static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id 
   j->refs = 2;
   pthread_mutex_init(&j->mu, NULL);
   if (!mj_thread_detached(join_thread, j)) { /* no thread to spare: join here, however long */
-    j->status = join_now(j, &j->comm);
+    j->result = join_now(j, &j->comm);
     j->done = 1, j->refs = 1;
   }
   const double t0 = mj_now_ms();
-  int done = 0, connecting = 0;
+  int done = 0;
   for (;;) {
     pthread_mutex_lock(&j->mu);
-    done = j->done, connecting = j->connecting;
+    done = j->done;
     if (!done && ep->timeout_ms > 0 && mj_now_ms() - t0 >= ep->timeout_ms) j->abandoned = 1;
     const int abandoned = j->abandoned;
     pthread_mutex_unlock(&j->mu);
@@ -250,31 +159,18 @@ static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id 
     mj_sleep_us(200);
   }
   const mj_nccl_comm comm = j->comm;
-  const moejit_status st = j->status;
-  char msg[sizeof j->msg];
-  memcpy(msg, j->msg, sizeof msg);
+  const mj_nccl_result r = j->result;
   join_release(j);
-  const int peers = ep->place.world - 1;
-  if (!done && !connecting)
+  if (!done)
     return mj_fail(MOEJIT_ERR_TIMEOUT,
                    "%s: joining the communicator as rank %d of %d: not every rank joined within "
                    "%d ms (opts.ep.timeout_ms); HINT: start all %d ranks with the same id (a rank "
                    "that failed or was never started leaves the others waiting)",
                    op, ep->place.rank, ep->place.world, ep->timeout_ms, ep->place.world);
-  if (!done)
-    return mj_fail(MOEJIT_ERR_TIMEOUT,
-                   "%s: rank %d of %d joined the communicator, but the first exchange with its "
-                   "%d peer%s (where NCCL connects to them) did not finish within %d ms "
-                   "(opts.ep.timeout_ms); HINT: a peer may have died or hung during its load; "
-                   "start every rank again",
-                   op, ep->place.rank, ep->place.world, peers, peers == 1 ? "" : "s",
-                   ep->timeout_ms);
-  if (st && connecting)
-    return mj_fail(st, "%s: rank %d of %d: the first exchange with the peers: %s", op,
-                   ep->place.rank, ep->place.world, msg);
+  moejit_status st = mj_nccl_check(ep->nccl, r, NULL, "ncclCommInitRank");
   if (st)
-    return mj_fail(st, "%s: joining the communicator as rank %d of %d: %s", op, ep->place.rank,
-                   ep->place.world, msg);
+    return mj_fail_prefix(st, "%s: joining the communicator as rank %d of %d", op,
+                          ep->place.rank, ep->place.world);
   ep->comm = comm;
   ep->owns_comm = 1;
   return MOEJIT_OK;

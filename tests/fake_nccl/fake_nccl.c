@@ -16,17 +16,8 @@
  *                           the same, and once the stream is blocked
  *                           ncclCommGetAsyncError reports ncclRemoteError,
  *                           as NCCL does when a peer dies mid-exchange
- *   FAKE_NCCL_LIVE_GROUPS   N: a communicator's first N groups of sends
- *                           and receives run as with a live peer:
- *                           FAKE_NCCL_SEND_FAIL and FAKE_NCCL_HANG apply
- *                           after them (default 0: from the start). 1 lets the load's
- *                           first exchange with the peers through, as of a
- *                           peer that dies after the load
  *   FAKE_NCCL_INIT_HANG     nonzero: ncclCommInitRank returns only after
  *                           60 s, as NCCL's does while a rank is missing
- *   FAKE_NCCL_GROUP_HANG    nonzero: ncclGroupEnd returns only after 60 s
- *                           (or a teardown), as NCCL's does while it
- *                           connects to a peer that never connects back
  *   FAKE_NCCL_ABORT_HANG    nonzero: ncclCommAbort releases the blocked
  *                           streams (NCCL's abort flag) but then does not
  *                           return for 60 s, as NCCL's can when it waits
@@ -148,30 +139,6 @@ int ncclCommCuDevice(const void *comm, int *device) {
   *device = env_int("FAKE_NCCL_DEVICE", 0);
   return 0;
 }
-/* FAKE_NCCL_LIVE_GROUPS: the groups each communicator has ended, and the
- * communicator of the calling thread's open group. */
-static void *_Atomic group_comms[256];
-static atomic_int group_counts[256], n_group_comms;
-static _Thread_local void *open_group_comm;
-
-static atomic_int *groups_of(void *comm) {
-  for (;;) {
-    const int n = atomic_load(&n_group_comms);
-    for (int i = 0; i < n && i < 256; i++)
-      if (atomic_load(&group_comms[i]) == comm) return &group_counts[i];
-    if (n >= 256) return &group_counts[255];
-    int expect = n;
-    if (atomic_compare_exchange_strong(&n_group_comms, &expect, n + 1)) {
-      atomic_store(&group_comms[n], comm);
-      return &group_counts[n];
-    }
-  }
-}
-
-static int peer_live(void *comm) {
-  return atomic_load(groups_of(comm)) < env_int("FAKE_NCCL_LIVE_GROUPS", 0);
-}
-
 int ncclCommGetAsyncError(void *comm, int *error) {
   check_alive(comm);
   *error = env_int("FAKE_NCCL_HANG", 0) == 2 && atomic_load(&hang_started)
@@ -187,28 +154,18 @@ const char *ncclGetLastError(void *comm) {
   return "";
 }
 int ncclGroupStart(void) {
-  open_group_comm = NULL;
   return 0;
 }
 int ncclGroupEnd(void) {
-  if (env_int("FAKE_NCCL_GROUP_HANG", 0)) {
-    const struct timespec ms = {0, 1000000L};
-    for (int i = 0; i < 60000 && !atomic_load(&hang_released); i++) nanosleep(&ms, NULL);
-  }
-  if (open_group_comm) atomic_fetch_add(groups_of(open_group_comm), 1);
-  open_group_comm = NULL;
   return 0;
 }
 int ncclSend(const void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
   (void)buf, (void)count, (void)dtype, (void)peer;
   check_alive(comm);
-  open_group_comm = comm;
-  if (peer_live(comm)) return 0;
   return env_int("FAKE_NCCL_SEND_FAIL", 0) ? 6 : hang_stream(stream);
 }
 int ncclRecv(void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
   (void)buf, (void)count, (void)dtype, (void)peer;
   check_alive(comm);
-  open_group_comm = comm;
-  return peer_live(comm) ? 0 : hang_stream(stream);
+  return hang_stream(stream);
 }
