@@ -61,7 +61,6 @@ static inline int64_t mj_ep_max_rows(int world, int64_t max_tokens) {
   return (int64_t)world * max_tokens;
 }
 
-/* What an expert-parallel model holds besides the router (moejit_model.ep). */
 /* An ncclCommAbort running on a thread of its own (ep_wait.c). */
 typedef struct mj_ep_abort_job mj_ep_abort_job;
 
@@ -72,6 +71,7 @@ enum {
   MJ_EP_ABORTED = 2, /* an owned comm was aborted: comm is gone */
 };
 
+/* What an expert-parallel model holds besides the router (moejit_model.ep). */
 typedef struct mj_ep {
   mj_ep_placement place;
   const mj_nccl *nccl;

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -308,16 +307,8 @@ static atomic_int aborts_called, abort_sleep_ms;
 static mj_nccl_result slow_abort(mj_nccl_comm comm) {
   (void)comm;
   atomic_fetch_add(&aborts_called, 1);
-  const int ms = atomic_load(&abort_sleep_ms);
-  const struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&t, NULL);
+  mj_sleep_us(atomic_load(&abort_sleep_ms) * 1000L);
   return MJ_NCCL_SUCCESS;
-}
-
-static double ms_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 typedef struct abort_call {
@@ -328,9 +319,9 @@ typedef struct abort_call {
 
 static void *call_abort(void *arg) {
   abort_call *c = arg;
-  const double t0 = ms_now();
+  const double t0 = mj_now_ms();
   c->owned = mj_ep_abort(c->ep, 300.0, &c->hung);
-  c->took = ms_now() - t0;
+  c->took = mj_now_ms() - t0;
   return NULL;
 }
 
@@ -373,8 +364,7 @@ Test(ep_plan, an_abort_runs_once_and_its_waits_are_bounded) {
   /* the model goes first; the abort's thread keeps the job */
   mj_ep_abort_release(job);
   free(ep);
-  const struct timespec rest = {1, 600000000L};
-  nanosleep(&rest, NULL);
+  mj_sleep_us(1600000);
   cr_expect_eq(atomic_load(&aborts_called), 1);
 }
 

@@ -22,9 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common/common.h"
 #include "dist/nccl.h"
 #include "layer_gpu.h"
 #include "runtime/runtime.h"
@@ -276,12 +276,6 @@ typedef struct hung_rank {
 
 enum { HUNG_T = 4 };
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static void hung_rank_make(hung_rank *h, const char *hang, int timeout_ms, void *comm) {
   OPS_REQUIRE_GPU();
   memset(h, 0, sizeof *h);
@@ -365,9 +359,9 @@ Test(ep, an_exact_forward_gives_up_on_a_silent_peer_after_the_timeout) {
   hung_rank h;
   hung_rank_make(&h, "1", 300, NULL);
   moejit_moe_args a = hung_args(&h, 0);
-  const double t0 = now_ms();
+  const double t0 = mj_now_ms();
   moejit_status st = moejit_moe_forward(h.m, &a, h.stream);
-  const double took = now_ms() - t0;
+  const double took = mj_now_ms() - t0;
   cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
   cr_expect(strstr(moejit_last_error(), "count exchange") &&
                 strstr(moejit_last_error(), "within 300 ms") &&
@@ -408,9 +402,9 @@ Test(ep, a_rank_that_never_joins_fails_the_load_after_the_timeout) {
   moejit_load_report rep;
   o.report = &rep;
   moejit_model *m = NULL;
-  const double t0 = now_ms();
+  const double t0 = mj_now_ms();
   moejit_status st = moejit_model_load_config(ops_ctx(), "olmoe-1b-7b", &o, &m);
-  const double took = now_ms() - t0;
+  const double took = mj_now_ms() - t0;
   cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
   cr_assert_null(m);
   cr_expect(strstr(moejit_last_error(),
@@ -430,9 +424,9 @@ Test(ep, an_abort_that_does_not_return_still_ends_the_wait) {
   setenv("FAKE_NCCL_ABORT_HANG", "1", 1);
   hung_rank_make(&h, "1", 200, NULL);
   moejit_moe_args a = hung_args(&h, 0);
-  const double t0 = now_ms();
+  const double t0 = mj_now_ms();
   moejit_status st = moejit_moe_forward(h.m, &a, h.stream);
-  const double took = now_ms() - t0;
+  const double took = mj_now_ms() - t0;
   cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
   cr_expect(strstr(moejit_last_error(),
                    "its work on the stream ended, but ncclCommAbort had not "
@@ -468,9 +462,9 @@ Test(ep, ep_wait_with_a_limit_aborts_the_hung_exchange) {
   hung_rank_make(&h, "1", 0, NULL);
   moejit_moe_args a = hung_args(&h, HUNG_T); /* fixed capacity: no host wait inside */
   OPS_OK(moejit_moe_forward(h.m, &a, h.stream));
-  const double t0 = now_ms();
+  const double t0 = mj_now_ms();
   moejit_status st = moejit_model_ep_wait(h.m, h.stream, 200);
-  const double took = now_ms() - t0;
+  const double took = mj_now_ms() - t0;
   cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
   cr_expect(strstr(moejit_last_error(), "moejit_model_ep_wait") &&
                 strstr(moejit_last_error(), "within 200 ms"),
@@ -481,8 +475,7 @@ Test(ep, ep_wait_with_a_limit_aborts_the_hung_exchange) {
 }
 
 static void *abort_later(void *model) {
-  const struct timespec ms100 = {0, 100000000L};
-  nanosleep(&ms100, NULL);
+  mj_sleep_us(100000);
   OPS_OK(moejit_model_ep_abort(model));
   return NULL;
 }
@@ -714,9 +707,9 @@ Test(ep, a_cli_rank_gives_up_after_ep_timeout) {
       "run", "--preset",     "olmoe-1b-7b", "--ep",     "2", "--ep-rank", "0", "--ep-id-file",
       id,    "--ep-timeout", "1",           "--tokens", "4", "--iters",   "1", NULL};
   char *out = NULL, *err = NULL;
-  const double t0 = now_ms();
+  const double t0 = mj_now_ms();
   int rc = ts_run_cli(args, env, &out, &err);
-  const double took = now_ms() - t0;
+  const double took = mj_now_ms() - t0;
   cr_expect_eq(rc, 1, "exit %d\n%s\n%s", rc, out, err);
   cr_expect(err && strstr(err, "timed out") && strstr(err, "within 1000 ms") &&
                 strstr(err, "communicator was aborted"),

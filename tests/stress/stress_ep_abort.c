@@ -12,20 +12,14 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "common/common.h"
 #include "dist/ep.h"
 
 enum { ROUNDS = 50, ABORTERS = 4, USERS = 2 };
 
 static atomic_int aborts, failures;
 static mj_nccl nccl;
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void fail(const char *what) {
   atomic_fetch_add(&failures, 1);
@@ -35,8 +29,7 @@ static void fail(const char *what) {
 static mj_nccl_result slow_abort(mj_nccl_comm comm) {
   (void)comm;
   atomic_fetch_add(&aborts, 1);
-  const struct timespec t = {0, 20 * 1000000L};
-  nanosleep(&t, NULL);
+  mj_sleep_us(20000);
   return MJ_NCCL_SUCCESS;
 }
 
@@ -55,11 +48,11 @@ typedef struct aborter_arg {
 static void *aborter(void *arg) {
   aborter_arg *a = arg;
   int hung = 0;
-  const double t0 = now_ms();
+  const double t0 = mj_now_ms();
   if (mj_ep_abort(a->ep, a->bound_ms, &hung) != 1) fail("an owned communicator was not aborted");
   /* the bound, plus the second the abort lets calls inside leave, plus
    * a margin for a loaded machine */
-  if (now_ms() - t0 > a->bound_ms + 1000 + 2000) fail("a caller was held past its bound");
+  if (mj_now_ms() - t0 > a->bound_ms + 1000 + 2000) fail("a caller was held past its bound");
   if (mj_ep_comm_enter(a->ep)) fail("the door was open after the abort");
   (void)mj_ep_abort_pending(atomic_load(&a->ep->abort_job));
   return NULL;
@@ -87,8 +80,7 @@ int main(void) {
     mj_ep_abort_release(atomic_load(&ep->abort_job));
     free(ep); /* the abort's thread, if still running, holds the job only */
   }
-  const struct timespec rest = {0, 300 * 1000000L};
-  nanosleep(&rest, NULL); /* the last aborts return */
+  mj_sleep_us(300000); /* the last aborts return */
   if (atomic_load(&aborts) != ROUNDS) fail("not exactly one abort per round");
   const int f = atomic_load(&failures);
   printf(
