@@ -29,6 +29,8 @@ static const nccl_symbol nccl_symbols[] = {
     NSYM(GetVersion, "ncclGetVersion"),
     NSYM(GetUniqueId, "ncclGetUniqueId"),
     NSYM(CommInitRank, "ncclCommInitRank"),
+    {"ncclCommInitRankConfig", offsetof(mj_nccl, CommInitRankConfig), 1},
+    {"ncclCommFinalize", offsetof(mj_nccl, CommFinalize), 1},
     NSYM(CommDestroy, "ncclCommDestroy"),
     NSYM(CommAbort, "ncclCommAbort"),
     NSYM(CommCount, "ncclCommCount"),
@@ -111,6 +113,20 @@ moejit_status mj_nccl_get(const mj_nccl **out) {
   }
   if (out) *out = &nccl.table;
   return MOEJIT_OK;
+}
+
+int mj_nccl_has_nonblocking(const mj_nccl *n) {
+  return n->version >= MJ_NCCL_NONBLOCKING_VERSION && n->CommInitRankConfig && n->CommFinalize;
+}
+
+void mj_nccl_config_nonblocking(mj_nccl_config *c) {
+  memset(c, 0, sizeof *c);
+  c->size = sizeof *c;
+  c->magic = MJ_NCCL_CONFIG_MAGIC;
+  c->version = MJ_NCCL_NONBLOCKING_VERSION; /* the layout above is 2.14's */
+  c->blocking = 0;
+  c->cga_cluster_size = c->min_ctas = c->max_ctas = MJ_NCCL_CONFIG_UNDEF_INT;
+  c->net_name = NULL;
 }
 
 moejit_status mj_nccl_check(const mj_nccl *n, mj_nccl_result r, mj_nccl_comm comm,

@@ -39,12 +39,40 @@ typedef enum mj_nccl_dtype {
 
 /* ncclGetVersion of NCCL 2.9.0 (NCCL_VERSION(2, 9, 0)) */
 #define MJ_NCCL_MIN_VERSION 20900
+/* NCCL 2.14: ncclCommInitRankConfig and ncclCommFinalize, communicators
+ * that never block the host (ncclConfig_t.blocking = 0) */
+#define MJ_NCCL_NONBLOCKING_VERSION 21400
+
+/* ncclConfig_t as NCCL 2.14 laid it out. NCCL reads a config by its size
+ * and version (newer fields take their defaults), so this prefix of the
+ * current struct is understood by every release since. Fill it with
+ * mj_nccl_config_nonblocking. */
+typedef struct mj_nccl_config {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+  int cga_cluster_size;
+  int min_ctas;
+  int max_ctas;
+  const char *net_name;
+} mj_nccl_config;
+#define MJ_NCCL_CONFIG_MAGIC 0xcafebeefu
+#define MJ_NCCL_CONFIG_UNDEF_INT (-2147483647 - 1) /* NCCL_CONFIG_UNDEF_INT: INT_MIN */
+
+/* A config asking for a nonblocking communicator, NCCL's defaults
+ * otherwise. */
+void mj_nccl_config_nonblocking(mj_nccl_config *c);
 
 typedef struct mj_nccl {
   int version; /* ncclGetVersion, e.g. 22803 for 2.28.3 */
   mj_nccl_result (*GetVersion)(int *version);
   mj_nccl_result (*GetUniqueId)(mj_nccl_unique_id *id);
   mj_nccl_result (*CommInitRank)(mj_nccl_comm *comm, int nranks, mj_nccl_unique_id id, int rank);
+  /* optional (NCCL >= 2.14; NULL when older) */
+  mj_nccl_result (*CommInitRankConfig)(mj_nccl_comm *comm, int nranks, mj_nccl_unique_id id,
+                                       int rank, mj_nccl_config *config);
+  mj_nccl_result (*CommFinalize)(mj_nccl_comm comm); /* optional (NCCL >= 2.14) */
   mj_nccl_result (*CommDestroy)(mj_nccl_comm comm);
   mj_nccl_result (*CommAbort)(mj_nccl_comm comm);
   mj_nccl_result (*CommCount)(const mj_nccl_comm comm, int *count);
@@ -60,6 +88,10 @@ typedef struct mj_nccl {
   mj_nccl_result (*Recv)(void *buf, size_t count, mj_nccl_dtype dtype, int peer,
                          mj_nccl_comm comm, mj_nccl_stream stream);
 } mj_nccl;
+
+/* 1 when this NCCL makes nonblocking communicators (2.14 or newer, with
+ * ncclCommInitRankConfig and ncclCommFinalize). */
+int mj_nccl_has_nonblocking(const mj_nccl *n);
 
 /* Loads NCCL once per process ($MOEJIT_NCCL_LIBRARY, else libnccl.so.2,
  * else libnccl.so) and resolves the table. UNSUPPORTED with a message that

@@ -28,6 +28,25 @@ _Static_assert((int)ncclUint8 == MJ_NCCL_UINT8, "ncclUint8");
 _Static_assert((int)ncclInt32 == MJ_NCCL_INT32, "ncclInt32");
 _Static_assert((int)ncclFloat32 == MJ_NCCL_FLOAT32, "ncclFloat32");
 _Static_assert(NCCL_VERSION(2, 9, 0) == MJ_NCCL_MIN_VERSION, "NCCL's version code");
+_Static_assert(NCCL_VERSION(2, 14, 0) == MJ_NCCL_NONBLOCKING_VERSION, "NCCL 2.14's code");
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+/* mj_nccl_config is the head of ncclConfig_t, field by field */
+#define MJ_SAME_FIELD(theirs, ours)                                                              \
+  _Static_assert(offsetof(ncclConfig_t, theirs) == offsetof(mj_nccl_config, ours) &&             \
+                     sizeof(((ncclConfig_t *)0)->theirs) == sizeof(((mj_nccl_config *)0)->ours), \
+                 "ncclConfig_t." #theirs)
+MJ_SAME_FIELD(size, size);
+MJ_SAME_FIELD(magic, magic);
+MJ_SAME_FIELD(version, version);
+MJ_SAME_FIELD(blocking, blocking);
+MJ_SAME_FIELD(cgaClusterSize, cga_cluster_size);
+MJ_SAME_FIELD(minCTAs, min_ctas);
+MJ_SAME_FIELD(maxCTAs, max_ctas);
+MJ_SAME_FIELD(netName, net_name);
+_Static_assert(sizeof(mj_nccl_config) <= sizeof(ncclConfig_t), "ncclConfig_t is larger");
+_Static_assert(NCCL_CONFIG_UNDEF_INT == MJ_NCCL_CONFIG_UNDEF_INT, "NCCL_CONFIG_UNDEF_INT");
+#endif
 
 /* Each entry of the mj_nccl table, written with NCCL's types, against the
  * prototype nccl.h gives it (the table's own types are the same with the
@@ -38,6 +57,11 @@ _Static_assert(NCCL_VERSION(2, 9, 0) == MJ_NCCL_MIN_VERSION, "NCCL's version cod
 MJ_SAME_PROTOTYPE(ncclGetVersion, ncclResult_t (*)(int *));
 MJ_SAME_PROTOTYPE(ncclGetUniqueId, ncclResult_t (*)(ncclUniqueId *));
 MJ_SAME_PROTOTYPE(ncclCommInitRank, ncclResult_t (*)(ncclComm_t *, int, ncclUniqueId, int));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+MJ_SAME_PROTOTYPE(ncclCommInitRankConfig,
+                  ncclResult_t (*)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *));
+MJ_SAME_PROTOTYPE(ncclCommFinalize, ncclResult_t (*)(ncclComm_t));
+#endif
 MJ_SAME_PROTOTYPE(ncclCommDestroy, ncclResult_t (*)(ncclComm_t));
 MJ_SAME_PROTOTYPE(ncclCommAbort, ncclResult_t (*)(ncclComm_t));
 MJ_SAME_PROTOTYPE(ncclCommCount, ncclResult_t (*)(const ncclComm_t, int *));

@@ -277,6 +277,48 @@ Test(ep_plan, nccl_version_call_failing_is_named) {
             moejit_last_error());
 }
 
+/* A nonblocking communicator needs NCCL 2.14's ncclCommInitRankConfig and
+ * ncclCommFinalize; the config moejit passes is NCCL 2.14's layout, which
+ * the stand-in checks as NCCL does (size, magic, version). */
+Test(ep_plan, nonblocking_communicators_from_2_14_with_the_config_nccl_reads) {
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  const mj_nccl *n = NULL;
+  cr_assert_eq(mj_nccl_get(&n), MOEJIT_OK, "%s", moejit_last_error());
+  cr_assert(mj_nccl_has_nonblocking(n), "NCCL 2.28.3 with both entry points");
+  mj_nccl_config c;
+  memset(&c, 0x5a, sizeof c);
+  mj_nccl_config_nonblocking(&c);
+  cr_expect_eq(c.size, sizeof c);
+  cr_expect_eq(c.magic, 0xcafebeefu);
+  cr_expect_eq(c.version, 21400u);
+  cr_expect_eq(c.blocking, 0);
+  cr_expect(c.cga_cluster_size == MJ_NCCL_CONFIG_UNDEF_INT && c.min_ctas == c.cga_cluster_size &&
+                c.max_ctas == c.cga_cluster_size && c.net_name == NULL,
+            "NCCL's defaults for the rest");
+  mj_nccl_unique_id id;
+  cr_assert_eq(n->GetUniqueId(&id), MJ_NCCL_SUCCESS);
+  mj_nccl_comm comm = NULL;
+  cr_assert_eq(n->CommInitRankConfig(&comm, 2, id, 0, &c), MJ_NCCL_IN_PROGRESS);
+  mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
+  while (async == MJ_NCCL_IN_PROGRESS) cr_assert_eq(n->CommGetAsyncError(comm, &async), 0);
+  cr_assert_eq(async, MJ_NCCL_SUCCESS);
+  cr_assert_eq(n->CommFinalize(comm), MJ_NCCL_IN_PROGRESS);
+  async = MJ_NCCL_IN_PROGRESS;
+  while (async == MJ_NCCL_IN_PROGRESS) cr_assert_eq(n->CommGetAsyncError(comm, &async), 0);
+  cr_assert_eq(n->CommDestroy(comm), MJ_NCCL_SUCCESS);
+  mj_nccl_comm other = NULL; /* a config NCCL would refuse */
+  c.magic = 0;
+  cr_expect_eq(n->CommInitRankConfig(&other, 2, id, 0, &c), MJ_NCCL_INVALID_ARGUMENT);
+}
+
+Test(ep_plan, no_nonblocking_communicators_before_2_14) {
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_VERSION", "21305", 1);
+  const mj_nccl *n = NULL;
+  cr_assert_eq(mj_nccl_get(&n), MOEJIT_OK, "%s", moejit_last_error());
+  cr_expect_not(mj_nccl_has_nonblocking(n), "2.13.5");
+}
+
 Test(ep_plan, nccl_hint_survives_a_long_library_path) {
   char path[1000] = "/nonexistent/";
   memset(path + 13, 'p', sizeof path - 14);

@@ -18,10 +18,25 @@
  *                           as NCCL does when a peer dies mid-exchange
  *   FAKE_NCCL_INIT_HANG     nonzero: ncclCommInitRank returns only after
  *                           60 s, as NCCL's does while a rank is missing
+ *   FAKE_NCCL_DESTROY_HANG  nonzero: ncclCommDestroy does not return for
+ *                           60 s, as NCCL's waits for a peer that died
+ *                           to destroy its communicator too
  *   FAKE_NCCL_ABORT_HANG    nonzero: ncclCommAbort releases the blocked
  *                           streams (NCCL's abort flag) but then does not
  *                           return for 60 s, as NCCL's can when it waits
  *                           for a dead peer to free the communicator
+ * Nonblocking communicators (ncclCommInitRankConfig with blocking = 0; the
+ * config is checked as NCCL checks it): ncclCommInitRankConfig, an
+ * ncclGroupEnd of sends and receives on one and ncclCommFinalize answer
+ * ncclInProgress, and ncclCommGetAsyncError says ncclInProgress until the
+ * background work is done:
+ *   FAKE_NCCL_PROGRESS_MS   how long that work takes (default 2 ms)
+ *   FAKE_NCCL_INIT_HANG     (see above) the join never ends
+ *   FAKE_NCCL_CONNECT_HANG  nonzero: the first group on a communicator
+ *                           never ends (a connection to a dead peer)
+ *   FAKE_NCCL_FINALIZE_HANG nonzero: ncclCommFinalize never ends
+ * each until the communicator is aborted; FAKE_NCCL_ASYNC_ERROR applies
+ * once the join has ended. ncclCommFinalize appends "finalize" to the log.
  * Collectives otherwise succeed and move nothing. A communicator that was
  * destroyed or aborted is remembered (its memory is never reused): any
  * later call on it, a second teardown included, abort()s the process, so
@@ -53,14 +68,77 @@ int ncclGetUniqueId(fake_id *id) {
   memset(id, 0x17, sizeof *id);
   return 0;
 }
+static long long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* The communicators this stand-in made (a caller's handle from elsewhere
+ * is not among them, and counts as blocking). */
+typedef struct fake_comm {
+  int nonblocking;
+  atomic_llong busy_until; /* ncclInProgress until then (ns) */
+  atomic_int hung;         /* ncclInProgress until aborted */
+  atomic_int joined;       /* the join's end was reported */
+  atomic_int groups;       /* groups ended on it */
+} fake_comm;
+
+static fake_comm *_Atomic made[256];
+static atomic_int n_made;
+
+static fake_comm *made_comm(const void *comm) {
+  const int n = atomic_load(&n_made);
+  for (int i = 0; i < n && i < 256; i++)
+    if (atomic_load(&made[i]) == comm) return (fake_comm *)comm;
+  return NULL;
+}
+
+static fake_comm *new_comm(int nonblocking) {
+  fake_comm *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->nonblocking = nonblocking;
+  const int i = atomic_fetch_add(&n_made, 1);
+  if (i < 256) atomic_store(&made[i], c);
+  return c;
+}
+
+/* Background work on a nonblocking communicator: ncclInProgress. */
+static int start_work(fake_comm *c, int hang) {
+  atomic_store(&c->busy_until, now_ns() + 1000000LL * env_int("FAKE_NCCL_PROGRESS_MS", 2));
+  if (hang) atomic_store(&c->hung, 1);
+  return 7;
+}
+
+static int working(fake_comm *c) {
+  return atomic_load(&c->hung) || now_ns() < atomic_load(&c->busy_until);
+}
+
 int ncclCommInitRank(void **comm, int nranks, fake_id id, int rank) {
   (void)nranks, (void)id, (void)rank;
   if (env_int("FAKE_NCCL_INIT_HANG", 0)) {
     const struct timespec s = {60, 0};
     nanosleep(&s, NULL);
   }
-  *comm = malloc(1);
+  *comm = new_comm(0);
   return *comm ? 0 : 2;
+}
+
+/* ncclConfig_t's head, as NCCL 2.14 laid it out */
+typedef struct fake_config {
+  size_t size;
+  unsigned int magic, version;
+  int blocking;
+} fake_config;
+
+int ncclCommInitRankConfig(void **comm, int nranks, fake_id id, int rank, fake_config *config) {
+  if (!config || config->size < sizeof *config || config->magic != 0xcafebeefu ||
+      config->version < 21400)
+    return 4; /* ncclInvalidArgument */
+  if (config->blocking) return ncclCommInitRank(comm, nranks, id, rank);
+  fake_comm *c = new_comm(1);
+  *comm = c;
+  return c ? start_work(c, env_int("FAKE_NCCL_INIT_HANG", 0)) : 2;
 }
 static void log_line(const char *what) {
   const char *path = getenv("FAKE_NCCL_LOG");
@@ -112,7 +190,17 @@ int ncclCommDestroy(void *comm) {
   tear_down(comm);
   atomic_store(&hang_released, 1);
   log_line("destroy");
+  if (env_int("FAKE_NCCL_DESTROY_HANG", 0)) {
+    const struct timespec s = {60, 0};
+    nanosleep(&s, NULL);
+  }
   return 0;
+}
+int ncclCommFinalize(void *comm) {
+  check_alive(comm);
+  log_line("finalize");
+  fake_comm *c = made_comm(comm);
+  return c && c->nonblocking ? start_work(c, env_int("FAKE_NCCL_FINALIZE_HANG", 0)) : 0;
 }
 int ncclCommAbort(void *comm) {
   tear_down(comm);
@@ -141,6 +229,15 @@ int ncclCommCuDevice(const void *comm, int *device) {
 }
 int ncclCommGetAsyncError(void *comm, int *error) {
   check_alive(comm);
+  fake_comm *c = made_comm(comm);
+  if (c && c->nonblocking && working(c)) {
+    *error = 7;
+    return 0;
+  }
+  if (c && c->nonblocking && !atomic_exchange(&c->joined, 1)) {
+    *error = 0; /* the join has just ended */
+    return 0;
+  }
   *error = env_int("FAKE_NCCL_HANG", 0) == 2 && atomic_load(&hang_started)
                ? 6
                : env_int("FAKE_NCCL_ASYNC_ERROR", 0);
@@ -153,19 +250,29 @@ const char *ncclGetLastError(void *comm) {
   (void)comm;
   return "";
 }
+/* the communicator of the open group's sends and receives, per thread */
+static _Thread_local void *group_comm;
+
 int ncclGroupStart(void) {
+  group_comm = NULL;
   return 0;
 }
 int ncclGroupEnd(void) {
-  return 0;
+  fake_comm *c = group_comm ? made_comm(group_comm) : NULL;
+  group_comm = NULL;
+  if (!c || !c->nonblocking) return 0;
+  const int first = atomic_fetch_add(&c->groups, 1) == 0;
+  return start_work(c, first && env_int("FAKE_NCCL_CONNECT_HANG", 0));
 }
 int ncclSend(const void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
   (void)buf, (void)count, (void)dtype, (void)peer;
   check_alive(comm);
+  group_comm = comm;
   return env_int("FAKE_NCCL_SEND_FAIL", 0) ? 6 : hang_stream(stream);
 }
 int ncclRecv(void *buf, size_t count, int dtype, int peer, void *comm, void *stream) {
   (void)buf, (void)count, (void)dtype, (void)peer;
   check_alive(comm);
+  group_comm = comm;
   return hang_stream(stream);
 }
