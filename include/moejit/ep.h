@@ -67,7 +67,11 @@ typedef struct moejit_ep_opts {
    *    destroys it); its device must be the ctx's device;
    *  - nccl_id: a unique id shared by all ranks; every rank's load then
    *    joins (ncclCommInitRank, which waits for all `world` ranks), and the
-   *    model owns and destroys the communicator. */
+   *    model owns and destroys the communicator, blocking as NCCL's
+   *    default is, or nonblocking with nonblocking_comm (see there).
+   * A caller's communicator may be blocking or nonblocking; with a
+   * nonblocking one, moejit waits for NCCL's background work after each
+   * group of sends and receives (ncclInProgress) as the timeout says. */
   void *nccl_comm;
   const moejit_nccl_id *nccl_id;
   /* [spec.experts] owner rank of each expert (host memory, copied), or
@@ -82,10 +86,34 @@ typedef struct moejit_ep_opts {
    *    MOEJIT_ERR_TIMEOUT;
    *  - the exact forward's wait for its count exchange inside
    *    moejit_moe_forward, and moejit_model_ep_wait with a negative
-   *    timeout: past it the model fails (moejit_model_ep_wait says how).
+   *    timeout: past it the model fails (moejit_model_ep_wait says how);
+   *  - with a nonblocking communicator, NCCL's background work after each
+   *    group of sends and receives: the first exchange with a peer
+   *    connects to it, which waits for that peer (a blocking communicator
+   *    holds the host inside ncclGroupEnd meanwhile, with no limit); past
+   *    the limit the call fails with MOEJIT_ERR_TIMEOUT and the model with
+   *    it;
+   *  - the teardown of a communicator the model made, at
+   *    moejit_model_destroy: ncclCommDestroy waits within a node for every
+   *    peer to destroy its own, for ever when one died. Past the limit the
+   *    model is freed all the same and NCCL's destroy goes on on a thread
+   *    of its own (moejit_ep_pending_teardowns). A nonblocking one's
+   *    ncclCommFinalize comes first, polled within the limit (aborted,
+   *    bounded, past it).
    * 0: no limit (NCCL's own behaviour: a peer that never answers is waited
    * for), though an error NCCL reports still ends a forward's wait. >= 0. */
   int timeout_ms;
+  /* 1: make the communicator (with nccl_id) nonblocking
+   * (ncclCommInitRankConfig with ncclConfig_t.blocking = 0; needs NCCL
+   * 2.14 or newer, else the load fails with MOEJIT_ERR_UNSUPPORTED). Then
+   * no NCCL call holds the host beyond timeout_ms: not the first
+   * connection to a peer, which a blocking communicator makes inside
+   * ncclGroupEnd with no limit, and not the teardown. The price: NCCL ends
+   * each group of sends and receives on a thread it starts for it, which
+   * the exact forward waits for three times (about 0.19 ms more a
+   * forward with NCCL 2.28.3 on two H100s; a graph replay pays nothing).
+   * 0 (the default): blocking. docs/ep.md, "Nonblocking communicators". */
+  int nonblocking_comm;
 } moejit_ep_opts;
 
 /* What an expert-parallel model holds. */
@@ -95,6 +123,9 @@ typedef struct moejit_ep_info {
   int owns_comm;         /* 1: the model made the communicator and destroys it */
   int nccl_version;
   int timeout_ms; /* opts.ep.timeout_ms of the load */
+  /* 1: the model made its communicator nonblocking
+   * (moejit_ep_opts.nonblocking_comm); 0 for a blocking one or a caller's. */
+  int nonblocking;
   /* 1 once the model has failed (an NCCL call failed, NCCL reported an
    * error, a wait timed out, or moejit_model_ep_abort): its forwards are
    * refused from then on, and moejit_last_error() of such a refusal says
@@ -164,6 +195,16 @@ MOEJIT_API moejit_status moejit_model_ep_wait(const moejit_model *model, moejit_
  * or another of its calls is still running. OK also when it had failed
  * already. */
 MOEJIT_API moejit_status moejit_model_ep_abort(const moejit_model *model);
+
+/* NCCL teardowns of models' communicators (ncclCommAbort, ncclCommDestroy)
+ * that moejit started on threads of their own and that have not returned
+ * yet, in this process. moejit_model_destroy waits for a healthy model's
+ * ncclCommDestroy up to opts.ep.timeout_ms, a failed one's abort up to
+ * 5 s; within a node NCCL can wait for a peer that died for ever, so
+ * either may still be running after. Nonzero: end the process with _exit
+ * once done (destroying a ctx, or exit's CUDA teardown, under NCCL's
+ * unfinished teardown is not safe). Thread-safe; needs nothing loaded. */
+MOEJIT_API int moejit_ep_pending_teardowns(void);
 
 /* Phase events an expert-parallel forward records when the caller passes
  * them (moejit_moe_args.ep_events, MOEJIT_EP_EVENTS of them):

@@ -64,6 +64,10 @@ static void run_usage(FILE *f) {
           "                     did, or whose exchanges make no progress for S seconds (a\n"
           "                     peer died or hangs), gives up (aborting its communicator)\n"
           "                     and exits 1 (default %d; 0: wait for ever)\n"
+          "  --ep-nonblocking-comm\n"
+          "                     make the communicator nonblocking (NCCL 2.14 or newer): the\n"
+          "                     first connection to a peer and the teardown give up after\n"
+          "                     --ep-timeout too, for a thread NCCL starts at every exchange\n"
           "\n"
           "exit codes: 0 ok (or no GPU), 1 runtime or check failure, 2 usage or config error\n",
           moejit_default_preset(), RUN_EP_TIMEOUT_S);
@@ -145,6 +149,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
     } else if (cli_opt_value(argc, argv, &i, "--ep-id-file", &a->ep_id_file, &bad) ||
                cli_opt_value(argc, argv, &i, "--ep-route", &a->ep_route, &bad)) {
       if (bad) return CLI_EXIT_USAGE;
+    } else if (cli_flag(argv, i, "--ep-nonblocking-comm")) {
+      a->ep_nonblocking_comm = 1;
     } else if (cli_flag(argv, i, "--json")) {
       a->json = 1;
     } else if (cli_flag(argv, i, "--vs-heuristic")) {
@@ -170,10 +176,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
     return CLI_EXIT_USAGE;
   }
   if (!a->ep && (a->ep_rank >= 0 || a->ep_id_file || a->ep_route || a->ep_device >= 0 ||
-                 a->ep_timeout_given)) {
+                 a->ep_timeout_given || a->ep_nonblocking_comm)) {
     fprintf(stderr,
-            "moejit: --ep-rank, --ep-id-file, --ep-device, --ep-route and --ep-timeout need "
-            "--ep N\n");
+            "moejit: --ep-rank, --ep-id-file, --ep-device, --ep-route, --ep-timeout and "
+            "--ep-nonblocking-comm need --ep N\n");
     return CLI_EXIT_USAGE;
   }
   if (a->ep_rank >= a->ep && a->ep) {

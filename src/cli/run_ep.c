@@ -107,6 +107,7 @@ static moejit_status load(ep_rank *r) {
   o.ep.rank = r->rank;
   o.ep.nccl_id = &id;
   o.ep.timeout_ms = r->a->ep_timeout_s * 1000;
+  o.ep.nonblocking_comm = r->a->ep_nonblocking_comm;
   TRY(moejit_model_load_config(r->ctx, what, &o, &r->ep));
   r->spec = *moejit_model_spec(r->ep);
   TRY(moejit_model_load_config(r->ctx, what, NULL, &r->single));
@@ -495,10 +496,14 @@ static void print_point_json(const ep_point *p) {
 
 static void print_all(const run_args *a, const moejit_spec *s, const ep_point *pts, int n,
                       int ok) {
+  int v = 0;
+  (void)moejit_nccl_version(&v);
+  /* as the ranks' loads made it (moejit_ep_opts.nonblocking_comm) */
+  const char *comm = a->ep_nonblocking_comm ? "nonblocking" : "blocking";
   if (a->json) {
     printf("{\"config\":");
     cli_json_str(stdout, s->name);
-    printf(",\"ep\":%d,\"route\":", a->ep);
+    printf(",\"ep\":%d,\"nccl_version\":%d,\"comm\":\"%s\",\"route\":", a->ep, v, comm);
     cli_json_str(stdout, a->ep_route);
     printf(",\"iters\":%d,\"points\":[", a->iters);
     for (int i = 0; i < n; i++) {
@@ -513,8 +518,11 @@ static void print_all(const run_args *a, const moejit_spec *s, const ep_point *p
     snprintf(per_rank, sizeof per_rank, "%d-%d", s->experts / a->ep, s->experts / a->ep + 1);
   else
     snprintf(per_rank, sizeof per_rank, "%d", s->experts / a->ep);
-  printf("moejit run --ep %d: %s (d=%lld f=%lld E=%d k=%d), %s experts per rank\n", a->ep, s->name,
-         (long long)s->hidden, (long long)s->expert_width, s->experts, s->top_k, per_rank);
+  printf(
+      "moejit run --ep %d: %s (d=%lld f=%lld E=%d k=%d), %s experts per rank, NCCL %d.%d.%d, "
+      "%s communicator\n",
+      a->ep, s->name, (long long)s->hidden, (long long)s->expert_width, s->experts, s->top_k,
+      per_rank, v / 10000, v / 100 % 100, v % 100, comm);
   print_header();
   for (int i = 0; i < n; i++) print_point(&pts[i]);
   print_legend(a);
@@ -538,6 +546,18 @@ static void release(ep_rank *r) {
   }
   moejit_model_destroy(r->ep);
   moejit_model_destroy(r->single);
+  if (moejit_ep_pending_teardowns() > 0) {
+    /* NCCL still tears the communicator down on another thread, waiting
+     * for a peer (one that died after its last exchange): destroying the
+     * ctx under it is not safe */
+    fprintf(stderr,
+            "moejit: run --ep: rank %d exits without cleaning up (NCCL's teardown of the "
+            "communicator had not returned %d s later: a peer may have died)\n",
+            r->rank, r->a->ep_timeout_s);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(CLI_EXIT_FAILURE);
+  }
   moejit_ctx_destroy(r->ctx);
   run_block_free(&r->bx);
   run_block_free(&r->b1);

@@ -21,6 +21,9 @@ typedef struct run_args {
   /* --ep-timeout S: a rank gives up on an exchange that makes no progress
    * for this long (moejit_load_opts.ep.timeout_ms); 0: no limit */
   int ep_timeout_s, ep_timeout_given;
+  /* --ep-nonblocking-comm: the ranks' communicator nonblocking
+   * (moejit_load_opts.ep.nonblocking_comm) */
+  int ep_nonblocking_comm;
   /* the floor's ceilings (--ceilings): dense GEMM TFLOP/s and read TB/s;
    * by default an H100's (RUN_CEIL_TFLOPS, RUN_CEIL_TBPS) */
   double ceil_tflops, ceil_tbps;

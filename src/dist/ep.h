@@ -77,6 +77,7 @@ typedef struct mj_ep {
   const mj_nccl *nccl;
   mj_nccl_comm comm;
   int owns_comm;
+  int nonblocking;                      /* the model made comm nonblocking */
   int timeout_ms;                       /* opts.ep.timeout_ms */
   atomic_int state;                     /* MJ_EP_OK, MJ_EP_FAILED, MJ_EP_ABORTED */
   atomic_int why_claimed;               /* 1 once a failure claimed `why` */
@@ -126,6 +127,12 @@ moejit_status mj_ep_usable(const struct moejit_model *m, const char *what);
  * with *hung (may be NULL) set when the abort had not returned. The model
  * must outlive the call; the abort's thread does not need it. */
 int mj_ep_abort(mj_ep *ep, double wait_ms, int *hung);
+/* ncclCommDestroy of a healthy communicator the model made, on a thread
+ * of its own: within a node it waits for the peers to destroy theirs, for
+ * ever when one died silently. Waits up to wait_ms (0: no limit); 1 when
+ * it returned, 0 when it is still running (moejit_ep_pending_teardowns
+ * counts it until it does). */
+int mj_ep_destroy_comm(mj_ep *ep, double wait_ms);
 /* Around every NCCL call on the communicator: 0 (nothing entered) once it
  * is being aborted; after 1, mj_ep_comm_leave. */
 int mj_ep_comm_enter(mj_ep *ep);
@@ -133,6 +140,14 @@ void mj_ep_comm_leave(mj_ep *ep);
 /* 1 while the job's ncclCommAbort has not returned (0 for NULL). */
 int mj_ep_abort_pending(const mj_ep_abort_job *job);
 void mj_ep_abort_release(mj_ep_abort_job *job);
+/* After an NCCL call on the communicator returned ncclInProgress (a
+ * nonblocking communicator: NCCL goes on in a thread of its own, and the
+ * first exchange with a peer connects to it there): waits until
+ * ncclCommGetAsyncError says the work is done, up to the model's
+ * timeout_ms. On an error or past the limit the model fails, an owned
+ * communicator is aborted (and, unless `stream` is being captured, what
+ * NCCL put on it drained), and the status says why. */
+moejit_status mj_ep_settle(const struct moejit_model *m, moejit_stream stream, const char *what);
 /* moejit_model_ep_wait's body: `what` prefixes the messages. */
 moejit_status mj_ep_wait(const struct moejit_model *m, moejit_stream stream, int timeout_ms,
                          const char *what);

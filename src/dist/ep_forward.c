@@ -162,6 +162,17 @@ typedef struct ep_xfer {
   size_t row_bytes;
 } ep_xfer;
 
+/* mj_nccl_check, with ncclInProgress (a nonblocking communicator's answer
+ * while NCCL works in the background) counted in *pending instead. */
+static moejit_status nccl_step(const mj_nccl *nc, mj_nccl_result r, mj_nccl_comm comm,
+                               const char *name, int *pending) {
+  if (r == MJ_NCCL_IN_PROGRESS) {
+    *pending = 1;
+    return MOEJIT_OK;
+  }
+  return mj_nccl_check(nc, r, comm, name);
+}
+
 static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep_xfer *x, int n,
                               int swap, const char *what, moejit_stream stream) {
   const mj_ep *ep = m->ep;
@@ -174,7 +185,11 @@ static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep
     st = mj_ep_usable(m, what);
     return mj_model_fail(m, st ? st : mj_fail(MOEJIT_ERR_INTERNAL, "%s: aborted", what));
   }
-  st = mj_nccl_check(nc, nc->GroupStart(), ep->comm, "ncclGroupStart");
+  /* a nonblocking communicator may answer ncclInProgress (NCCL goes on in
+   * a thread of its own): settled below, once out of the group */
+  int pending = 0;
+#define EP_CALL(call, name) nccl_step(nc, (call), ep->comm, name, &pending)
+  st = EP_CALL(nc->GroupStart(), "ncclGroupStart");
   for (int r = 0; r < ep->place.world && !st; r++) {
     if (r == ep->place.rank) continue;
     const int64_t ns = swap ? pl->recv[r] : pl->send[r], nr = swap ? pl->send[r] : pl->recv[r];
@@ -182,24 +197,25 @@ static moejit_status exchange(const moejit_model *m, const ep_plan *pl, const ep
     const int64_t ar = swap ? pl->send_at[r] : pl->recv_at[r];
     for (int i = 0; i < n && !st; i++) {
       if (ns > 0)
-        st = mj_nccl_check(nc,
-                           nc->Send((const char *)x[i].sbuf + (size_t)as * x[i].row_bytes,
-                                    (size_t)ns * x[i].row_bytes, MJ_NCCL_UINT8, r, ep->comm,
-                                    (mj_nccl_stream)stream),
-                           ep->comm, "ncclSend");
+        st = EP_CALL(nc->Send((const char *)x[i].sbuf + (size_t)as * x[i].row_bytes,
+                              (size_t)ns * x[i].row_bytes, MJ_NCCL_UINT8, r, ep->comm,
+                              (mj_nccl_stream)stream),
+                     "ncclSend");
       if (!st && nr > 0)
-        st = mj_nccl_check(nc,
-                           nc->Recv((char *)x[i].rbuf + (size_t)ar * x[i].row_bytes,
-                                    (size_t)nr * x[i].row_bytes, MJ_NCCL_UINT8, r, ep->comm,
-                                    (mj_nccl_stream)stream),
-                           ep->comm, "ncclRecv");
+        st = EP_CALL(
+            nc->Recv((char *)x[i].rbuf + (size_t)ar * x[i].row_bytes, (size_t)nr * x[i].row_bytes,
+                     MJ_NCCL_UINT8, r, ep->comm, (mj_nccl_stream)stream),
+            "ncclRecv");
     }
   }
   /* the group must be closed even after a failure inside it */
-  moejit_status end = mj_nccl_check(nc, nc->GroupEnd(), ep->comm, "ncclGroupEnd");
+  moejit_status end = EP_CALL(nc->GroupEnd(), "ncclGroupEnd");
+#undef EP_CALL
   mj_ep_comm_leave((mj_ep *)ep);
   mj_ctx_leave(m->ctx);
   if (!st) st = end;
+  /* nothing more may go on the stream before NCCL's thread is done */
+  if (!st && pending) return mj_ep_settle(m, stream, what); /* its message names `what` */
   if (!st) return MOEJIT_OK;
   /* the peers may now wait on transfers that never come: the caller fails
    * the model and aborts its communicator (exchanges_failed) */

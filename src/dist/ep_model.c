@@ -88,17 +88,21 @@ static moejit_status upload_maps(moejit_ctx *ctx, mj_ep *ep) {
  * opts.ep.timeout_ms (0: no limit): a rank that never comes then fails the
  * load with TIMEOUT instead of holding it for ever. Should the ranks all
  * join after that after all, the thread aborts the communicator nobody
- * took. The job is freed by whichever of the two lets go last. */
+ * took. A nonblocking join (ncclCommInitRankConfig, blocking = 0) returns
+ * at once and is polled on that thread, which aborts it as soon as the
+ * waiter gives up. The job is freed by whichever of the two lets go
+ * last. */
 typedef struct join_job {
   const mj_nccl *nccl;
   const mj_driver *d;
   CUdevice dev; /* the thread makes its primary context current: NCCL takes that GPU */
-  int world, rank;
+  int world, rank, nonblocking;
   mj_nccl_unique_id id;
   pthread_mutex_t mu;
+  double give_up_at; /* joining here, without a thread: the time limit (0: none) */
   mj_nccl_comm comm;
   mj_nccl_result result;
-  int done, abandoned, refs;
+  int done, abandoned, aborted, refs;
 } join_job;
 
 static void join_release(join_job *j) {
@@ -110,13 +114,47 @@ static void join_release(join_job *j) {
   free(j);
 }
 
+static int join_given_up(join_job *j) {
+  pthread_mutex_lock(&j->mu);
+  const int v = j->abandoned || (j->give_up_at > 0 && mj_now_ms() >= j->give_up_at);
+  pthread_mutex_unlock(&j->mu);
+  return v;
+}
+
+/* A nonblocking join: ncclCommInitRankConfig returns at once, and NCCL's
+ * thread goes on until every rank has joined. Polled until it ends, or
+ * aborted once the waiter gives up (*aborted set, no communicator). */
+static mj_nccl_result join_nonblocking(join_job *j, mj_nccl_comm *comm, int *aborted) {
+  mj_nccl_config c;
+  mj_nccl_config_nonblocking(&c);
+  mj_nccl_result r = j->nccl->CommInitRankConfig(comm, j->world, j->id, j->rank, &c);
+  while (r == MJ_NCCL_IN_PROGRESS && *comm) {
+    mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
+    const mj_nccl_result q = j->nccl->CommGetAsyncError(*comm, &async);
+    r = q != MJ_NCCL_SUCCESS ? q : async;
+    if (r != MJ_NCCL_IN_PROGRESS) break;
+    if (join_given_up(j)) {
+      *aborted = 1;
+      break;
+    }
+    mj_sleep_us(200);
+  }
+  /* a join that failed or was given up still holds a communicator */
+  if (r != MJ_NCCL_SUCCESS && *comm) {
+    (void)j->nccl->CommAbort(*comm);
+    *comm = NULL;
+  }
+  return r;
+}
+
 /* With the device's primary context retained and current for the call:
  * the ctx may be destroyed meanwhile (after a timeout). */
-static mj_nccl_result join_now(join_job *j, mj_nccl_comm *comm) {
+static mj_nccl_result join_now(join_job *j, mj_nccl_comm *comm, int *aborted) {
   CUcontext cu = NULL, popped;
   const int retained = j->d->DevicePrimaryCtxRetain(&cu, j->dev) == CUDA_SUCCESS;
   const int pushed = retained && j->d->CtxPushCurrent(cu) == CUDA_SUCCESS;
-  const mj_nccl_result r = j->nccl->CommInitRank(comm, j->world, j->id, j->rank);
+  const mj_nccl_result r = j->nonblocking ? join_nonblocking(j, comm, aborted)
+                                          : j->nccl->CommInitRank(comm, j->world, j->id, j->rank);
   if (pushed) (void)j->d->CtxPopCurrent(&popped);
   if (retained) (void)j->d->DevicePrimaryCtxRelease(j->dev);
   return r;
@@ -125,9 +163,10 @@ static mj_nccl_result join_now(join_job *j, mj_nccl_comm *comm) {
 static void *join_thread(void *arg) {
   join_job *j = arg;
   mj_nccl_comm comm = NULL;
-  const mj_nccl_result r = join_now(j, &comm);
+  int aborted = 0;
+  const mj_nccl_result r = join_now(j, &comm, &aborted);
   pthread_mutex_lock(&j->mu);
-  j->done = 1, j->comm = comm, j->result = r;
+  j->done = 1, j->comm = comm, j->result = r, j->aborted = aborted;
   const int abandoned = j->abandoned;
   pthread_mutex_unlock(&j->mu);
   if (abandoned && r == MJ_NCCL_SUCCESS && comm) (void)j->nccl->CommAbort(comm);
@@ -139,15 +178,17 @@ static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id 
   join_job *j = calloc(1, sizeof *j);
   if (!j) return mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op);
   j->nccl = ep->nccl, j->d = mj_ctx_driver(ctx), j->dev = mj_ctx_device(ctx);
-  j->world = ep->place.world, j->rank = ep->place.rank;
+  j->world = ep->place.world, j->rank = ep->place.rank, j->nonblocking = ep->nonblocking;
   memcpy(j->id.internal, id->bytes, sizeof j->id.internal);
   j->refs = 2;
   pthread_mutex_init(&j->mu, NULL);
-  if (!mj_thread_detached(join_thread, j)) { /* no thread to spare: join here, however long */
-    j->result = join_now(j, &j->comm);
+  const double t0 = mj_now_ms();
+  if (!mj_thread_detached(join_thread, j)) {
+    /* no thread to spare: join here (a blocking join however long) */
+    if (ep->timeout_ms > 0) j->give_up_at = t0 + ep->timeout_ms;
+    j->result = join_now(j, &j->comm, &j->aborted);
     j->done = 1, j->refs = 1;
   }
-  const double t0 = mj_now_ms();
   int done = 0;
   for (;;) {
     pthread_mutex_lock(&j->mu);
@@ -160,20 +201,51 @@ static moejit_status join_comm(moejit_ctx *ctx, mj_ep *ep, const moejit_nccl_id 
   }
   const mj_nccl_comm comm = j->comm;
   const mj_nccl_result r = j->result;
+  const int aborted = j->aborted;
   join_release(j);
-  if (!done)
+  if (!done || aborted)
     return mj_fail(MOEJIT_ERR_TIMEOUT,
                    "%s: joining the communicator as rank %d of %d: not every rank joined within "
                    "%d ms (opts.ep.timeout_ms); HINT: start all %d ranks with the same id (a rank "
                    "that failed or was never started leaves the others waiting)",
                    op, ep->place.rank, ep->place.world, ep->timeout_ms, ep->place.world);
-  moejit_status st = mj_nccl_check(ep->nccl, r, NULL, "ncclCommInitRank");
+  moejit_status st = mj_nccl_check(ep->nccl, r, NULL,
+                                   ep->nonblocking ? "ncclCommInitRankConfig" : "ncclCommInitRank");
   if (st)
     return mj_fail_prefix(st, "%s: joining the communicator as rank %d of %d", op,
                           ep->place.rank, ep->place.world);
   ep->comm = comm;
   ep->owns_comm = 1;
   return MOEJIT_OK;
+}
+
+/* A healthy communicator's teardown. A nonblocking one is finalized first
+ * (its work flushed in NCCL's thread, polled up to opts.ep.timeout_ms; one
+ * that fails or has not ended by then is aborted instead, bounded). Then
+ * ncclCommDestroy, which within a node waits for every peer to destroy
+ * its own (measured with NCCL 2.28.3, finalize or not), runs on a thread
+ * of its own, waited for up to opts.ep.timeout_ms (0: no limit): past that
+ * the model is freed all the same, and moejit_ep_pending_teardowns tells
+ * the process that NCCL has not returned. */
+static void teardown(mj_ep *ep) {
+  if (!ep->nonblocking) {
+    (void)mj_ep_destroy_comm(ep, ep->timeout_ms);
+    return;
+  }
+  mj_nccl_result r = ep->nccl->CommFinalize(ep->comm);
+  const double t0 = mj_now_ms();
+  while (r == MJ_NCCL_IN_PROGRESS) {
+    mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
+    const mj_nccl_result q = ep->nccl->CommGetAsyncError(ep->comm, &async);
+    r = q != MJ_NCCL_SUCCESS ? q : async;
+    if (r != MJ_NCCL_IN_PROGRESS || (ep->timeout_ms > 0 && mj_now_ms() - t0 >= ep->timeout_ms))
+      break;
+    mj_sleep_us(200);
+  }
+  if (r == MJ_NCCL_SUCCESS)
+    (void)mj_ep_destroy_comm(ep, ep->timeout_ms);
+  else
+    (void)mj_ep_abort(ep, MJ_EP_ABORT_WAIT_MS, NULL);
 }
 
 void mj_ep_free(moejit_ctx *ctx, mj_ep *ep) {
@@ -191,7 +263,7 @@ void mj_ep_free(moejit_ctx *ctx, mj_ep *ep) {
       if (failed)
         (void)mj_ep_abort(ep, MJ_EP_ABORT_WAIT_MS, NULL);
       else
-        ep->nccl->CommDestroy(ep->comm);
+        teardown(ep);
       mj_ctx_leave(ctx);
     }
   }
@@ -243,6 +315,17 @@ static moejit_status check_ep_opts(const moejit_spec *spec, const moejit_ep_opts
                    "set; HINT: pass your ncclComm_t, or a unique id from moejit_nccl_unique_id "
                    "shared by all ranks",
                    op, e->world);
+  if (e->nonblocking_comm != 0 && e->nonblocking_comm != 1)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: opts.ep.nonblocking_comm = %d (0: a blocking communicator, 1: a "
+                   "nonblocking one)",
+                   op, e->nonblocking_comm);
+  if (e->nccl_comm && e->nonblocking_comm)
+    return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                   "%s: opts.ep.nonblocking_comm is set with opts.ep.nccl_comm; HINT: it chooses "
+                   "how moejit makes a communicator (with nccl_id); yours is as you made it "
+                   "(ncclConfig_t.blocking), and moejit waits for a nonblocking one either way",
+                   op);
   if (e->timeout_ms < 0)
     return mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
                    "%s: opts.ep.timeout_ms = %d (the longest wait on the other ranks, in ms; 0 for "
@@ -264,10 +347,19 @@ moejit_status mj_ep_model_load(moejit_ctx *ctx, const moejit_spec *spec, const c
   if ((st = mj_nccl_get(&n))) return mj_ctx_fail(ctx, mj_fail_prefix(st, "%s", op));
   int world = e->world, rank = e->rank;
   if (e->nccl_comm && (st = adopt_comm(ctx, n, e, &world, &rank))) return mj_ctx_fail(ctx, st);
+  if (e->nonblocking_comm && !mj_nccl_has_nonblocking(n)) {
+    return mj_ctx_fail(
+        ctx, mj_fail(MOEJIT_ERR_UNSUPPORTED,
+                     "%s: opts.ep.nonblocking_comm needs NCCL 2.14 or newer "
+                     "(ncclCommInitRankConfig, ncclCommFinalize); this NCCL is %d.%d.%d; HINT: "
+                     "install a newer NCCL, or leave nonblocking_comm 0",
+                     op, n->version / 10000, n->version / 100 % 100, n->version % 100));
+  }
   mj_ep *ep = calloc(1, sizeof *ep);
   if (!ep) return mj_ctx_fail(ctx, mj_fail(MOEJIT_ERR_OUT_OF_MEMORY, "%s: out of memory", op));
   ep->nccl = n;
   ep->timeout_ms = e->timeout_ms;
+  ep->nonblocking = e->nonblocking_comm;
   moejit_model *m = NULL;
   st = mj_ep_place(spec->experts, world, rank, e->expert_owner, &ep->place);
   if (st) st = mj_fail_prefix(st, "%s", op);
@@ -309,6 +401,7 @@ moejit_status moejit_model_ep_info(const moejit_model *model, moejit_ep_info *in
   info->owns_comm = ep->owns_comm;
   info->nccl_version = ep->nccl->version;
   info->timeout_ms = ep->timeout_ms;
+  info->nonblocking = ep->nonblocking;
   info->failed = atomic_load(&((mj_ep *)ep)->state) != MJ_EP_OK;
   info->abort_pending = mj_ep_abort_pending(atomic_load(&((mj_ep *)ep)->abort_job));
   return MOEJIT_OK;

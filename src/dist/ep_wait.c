@@ -79,6 +79,7 @@ moejit_status mj_ep_fail(const moejit_model *m, moejit_status st) {
 struct mj_ep_abort_job {
   const mj_nccl *nccl;
   mj_nccl_comm comm;
+  int destroy;        /* ncclCommDestroy (a healthy teardown) instead */
   atomic_int done;    /* ncclCommAbort returned */
   atomic_int overdue; /* a wait ran out: later waits do not wait again */
   atomic_int refs;
@@ -92,18 +93,30 @@ int mj_ep_abort_pending(const mj_ep_abort_job *j) {
   return j && !atomic_load(&((mj_ep_abort_job *)j)->done);
 }
 
+/* Teardowns (jobs) started and not yet returned, in this process. */
+static atomic_int teardowns_running;
+
+int moejit_ep_pending_teardowns(void) {
+  return atomic_load(&teardowns_running);
+}
+
 static void *abort_thread(void *arg) {
   mj_ep_abort_job *j = arg;
-  j->nccl->CommAbort(j->comm);
+  if (j->destroy)
+    j->nccl->CommDestroy(j->comm);
+  else
+    j->nccl->CommAbort(j->comm);
   atomic_store(&j->done, 1);
+  atomic_fetch_sub(&teardowns_running, 1);
   mj_ep_abort_release(j);
   return NULL;
 }
 
 /* Starts the job's thread (which takes a reference), or, with no thread to
- * spare, aborts here, however long that takes. */
+ * spare, runs it here, however long that takes. */
 static void job_start(mj_ep_abort_job *j) {
   atomic_fetch_add(&j->refs, 1);
+  atomic_fetch_add(&teardowns_running, 1);
   if (!mj_thread_detached(abort_thread, j)) abort_thread(j);
 }
 
@@ -119,6 +132,20 @@ static int job_wait(mj_ep_abort_job *j, double wait_ms) {
     mj_sleep_us(EP_POLL_US);
   }
   return atomic_load(&j->done);
+}
+
+int mj_ep_destroy_comm(mj_ep *ep, double wait_ms) {
+  mj_ep_abort_job *j = calloc(1, sizeof *j);
+  if (!j) { /* no memory for a job: destroy here, however long it takes */
+    ep->nccl->CommDestroy(ep->comm);
+    return 1;
+  }
+  j->nccl = ep->nccl, j->comm = ep->comm, j->destroy = 1;
+  atomic_store(&j->refs, 1); /* this call's */
+  job_start(j);
+  const int done = job_wait(j, wait_ms > 0 ? wait_ms : 1e300);
+  mj_ep_abort_release(j);
+  return done;
 }
 
 int mj_ep_comm_enter(mj_ep *ep) {
@@ -293,6 +320,55 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
       return mj_fail(MOEJIT_ERR_TIMEOUT, "%s; %s; %s", msg, after, hint_for(ep));
     }
     sched_yield();
+  }
+}
+
+moejit_status mj_ep_settle(const moejit_model *m, moejit_stream stream, const char *what) {
+  mj_ep *ep = ep_of(m);
+  char msg[sizeof ep->why];
+  const int timeout_ms = ep->timeout_ms;
+  const double t0 = mj_now_ms();
+  for (;;) {
+    if (atomic_load(&ep->state) != MJ_EP_OK || !mj_ep_comm_enter(ep))
+      return refusal(m, what); /* another thread gave up meanwhile */
+    mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
+    const mj_nccl_result r = ep->nccl->CommGetAsyncError(ep->comm, &async);
+    mj_ep_comm_leave(ep);
+    if (r == MJ_NCCL_SUCCESS && async == MJ_NCCL_SUCCESS) return MOEJIT_OK;
+    const int broken = r != MJ_NCCL_SUCCESS || async != MJ_NCCL_IN_PROGRESS;
+    const int late = !broken && timeout_ms > 0 && mj_now_ms() - t0 >= timeout_ms;
+    if (!broken && !late) {
+      /* NCCL's thread enqueues in tens of µs once connected; a first
+       * connection takes longer, and is polled less often */
+      if (mj_now_ms() - t0 < 5.0)
+        sched_yield();
+      else
+        mj_sleep_us(EP_POLL_US);
+      continue;
+    }
+    moejit_status st;
+    if (broken) {
+      st = mj_nccl_check(ep->nccl, r != MJ_NCCL_SUCCESS ? r : async, ep->comm,
+                         "ncclCommGetAsyncError");
+      st = mj_fail_prefix(st, "%s: the communicator is broken", what);
+    } else {
+      st = mj_fail(MOEJIT_ERR_TIMEOUT,
+                   "%s: NCCL had not finished enqueuing the exchange %d ms later (the first "
+                   "exchange with a peer connects to it, which waits for the peer: a peer may "
+                   "have died, hung or not reached this exchange)",
+                   what, timeout_ms);
+    }
+    fail_with_last(ep, st, msg, sizeof msg);
+    const char *after;
+    if (mj_ctx_stream_capturing(m->ctx, stream)) { /* nothing of it runs: no drain */
+      int hung = 0;
+      after = !abort_owned(m, &hung) ? "the communicator is the caller's: abort it (ncclCommAbort)"
+              : hung ? "the communicator was aborted, but ncclCommAbort had not returned 5 s later"
+                     : "the communicator was aborted";
+    } else {
+      after = give_up(m, stream);
+    }
+    return mj_fail(st, "%s; %s; %s", msg, after, hint_for(ep));
   }
 }
 

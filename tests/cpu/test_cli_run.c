@@ -111,6 +111,7 @@ Test(cli_run, usage_errors_exit_2) {
   const char *timeout_alone[] = {"run", "--ep-timeout", "30", NULL};
   const char *bad_timeout[] = {"run", "--ep-timeout", "-1", "--ep", "2", NULL};
   const char *huge_timeout[] = {"run", "--ep-timeout", "86401", "--ep", "2", NULL};
+  const char *nonblocking_alone[] = {"run", "--ep-nonblocking-comm", NULL};
   /* rank 0 would overwrite an id the other ranks may have read already */
   const char *stale_id[] = {
       "run", "--ep", "2", "--ep-rank", "0", "--ep-id-file", MOEJIT_TEST_SOURCE_DIR "/README.md",
@@ -119,11 +120,11 @@ Test(cli_run, usage_errors_exit_2) {
   const char *one_rank_few[] = {"run", "--preset",   "deepseek-v3", "--ep",
                                 "64",  "--ep-route", "one-rank",    NULL};
   const char *const *cases[] = {
-      bad_tokens,   zero_tokens,  bad_iters,     unknown,       two_configs, one_ceiling,
-      zero_ceiling, bad_ceiling,  huge_ceiling,  bad_flush,     flush_ep,    vs_ep,
-      table_ep,     table_none,   tiny_ceiling,  hex_ceiling,   empty_dir,   comma_tokens,
-      plus_tokens,  space_tokens, ceilings_ep,   id_file_alone, space_ep,    plus_iters,
-      one_rank_few, stale_id,     timeout_alone, bad_timeout,   huge_timeout};
+      bad_tokens,   zero_tokens,  bad_iters,     unknown,       two_configs,  one_ceiling,
+      zero_ceiling, bad_ceiling,  huge_ceiling,  bad_flush,     flush_ep,     vs_ep,
+      table_ep,     table_none,   tiny_ceiling,  hex_ceiling,   empty_dir,    comma_tokens,
+      plus_tokens,  space_tokens, ceilings_ep,   id_file_alone, space_ep,     plus_iters,
+      one_rank_few, stale_id,     timeout_alone, bad_timeout,   huge_timeout, nonblocking_alone};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);
@@ -132,6 +133,8 @@ Test(cli_run, usage_errors_exit_2) {
     cr_expect(err && *err, "moejit %s: no message", cases[i][1]);
     if (strcmp(cases[i][1], "--ep-timeout") == 0)
       cr_expect(err && strstr(err, "--ep-timeout"), "%s", err);
+    if (strcmp(cases[i][1], "--ep-nonblocking-comm") == 0)
+      cr_expect(err && strstr(err, "--ep-nonblocking-comm need --ep N"), "%s", err);
     if (strcmp(cases[i][1], "--cache-dir") == 0)
       cr_expect(err && strstr(err, "--cache-dir") && strstr(err, "non-empty"), "%s", err);
     if (strcmp(cases[i][1], "--ceilings") == 0 || strcmp(cases[i][1], "--flush") == 0 ||

@@ -207,6 +207,19 @@ static void one_rank_bitwise(const int64_t *ts, size_t n_ts) {
   one_rank_free(&r);
 }
 
+/* What the stand-in NCCL logged (FAKE_NCCL_LOG), "" for nothing. */
+static const char *log_of(const char *path) {
+  static char text[256];
+  text[0] = '\0';
+  FILE *f = fopen(path, "r");
+  if (f) {
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+  }
+  return text;
+}
+
 /* With a stand-in NCCL (tests/fake_nccl) whose peers never answer: a model
  * whose exchange failed, or whose communicator NCCL found broken, aborts
  * the communicator when it goes (ncclCommDestroy would wait for the
@@ -276,6 +289,9 @@ typedef struct hung_rank {
 
 enum { HUNG_T = 4 };
 
+/* 1: hung_rank_make asks for a nonblocking communicator */
+static int hung_nonblocking;
+
 static void hung_rank_make(hung_rank *h, const char *hang, int timeout_ms, void *comm) {
   OPS_REQUIRE_GPU();
   memset(h, 0, sizeof *h);
@@ -295,6 +311,7 @@ static void hung_rank_make(hung_rank *h, const char *hang, int timeout_ms, void 
     o.ep.nccl_id = &id;
   }
   o.ep.timeout_ms = timeout_ms;
+  o.ep.nonblocking_comm = hung_nonblocking && !comm;
   OPS_OK(moejit_model_load_config(ops_ctx(), "olmoe-1b-7b", &o, &h->m));
   moejit_ep_info info;
   OPS_OK(moejit_model_ep_info(h->m, &info));
@@ -387,11 +404,16 @@ Test(ep, an_exact_forward_gives_up_on_a_silent_peer_after_the_timeout) {
 }
 
 /* A rank that never joins: ncclCommInitRank would wait for it for ever;
- * the load gives up after opts.ep.timeout_ms. */
-Test(ep, a_rank_that_never_joins_fails_the_load_after_the_timeout) {
+ * the load gives up after opts.ep.timeout_ms. A nonblocking join is
+ * aborted as soon as the load gives up; a blocking one only once NCCL
+ * returns (here never: the stand-in's join takes 60 s). */
+static void never_joins(int nonblocking) {
   OPS_REQUIRE_GPU();
   setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
   setenv("FAKE_NCCL_INIT_HANG", "1", 1);
+  char *dir = ts_mkdtemp("ep-never-joins"), log[1100];
+  snprintf(log, sizeof log, "%s/log", dir);
+  setenv("FAKE_NCCL_LOG", log, 1);
   moejit_nccl_id id;
   OPS_OK(moejit_nccl_unique_id(&id));
   moejit_load_opts o;
@@ -399,6 +421,7 @@ Test(ep, a_rank_that_never_joins_fails_the_load_after_the_timeout) {
   o.ep.world = 2;
   o.ep.nccl_id = &id;
   o.ep.timeout_ms = 300;
+  o.ep.nonblocking_comm = nonblocking;
   moejit_load_report rep;
   o.report = &rep;
   moejit_model *m = NULL;
@@ -411,9 +434,23 @@ Test(ep, a_rank_that_never_joins_fails_the_load_after_the_timeout) {
                    "joining the communicator as rank 0 of 2: not every rank "
                    "joined within 300 ms"),
             "%s", moejit_last_error());
-  cr_expect(took >= 300, "the load took %.0f ms", took);
+  cr_expect(took >= 300 && took < 20000, "the load took %.0f ms", took);
   /* the kernels were built: a load with every rank there is all hits */
   cr_expect_gt(rep.n_kernels, 0);
+  const double t1 = mj_now_ms();
+  while (nonblocking && strcmp(log_of(log), "abort\n") && mj_now_ms() - t1 < 2000)
+    mj_sleep_us(1000);
+  cr_expect_str_eq(log_of(log), nonblocking ? "abort\n" : "", "nonblocking = %d", nonblocking);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+Test(ep, a_rank_that_never_joins_fails_the_load_after_the_timeout) {
+  never_joins(0);
+}
+
+Test(ep, a_nonblocking_join_that_never_ends_is_aborted_after_the_timeout) {
+  never_joins(1);
 }
 
 /* Within a node, NCCL's abort can wait for a dead peer to free the
@@ -438,6 +475,7 @@ Test(ep, an_abort_that_does_not_return_still_ends_the_wait) {
   moejit_ep_info info;
   OPS_OK(moejit_model_ep_info(h.m, &info));
   cr_expect_eq(info.abort_pending, 1, "the caller learns that the process should end");
+  cr_expect_eq(moejit_ep_pending_teardowns(), 1, "and so does the process");
   /* destroying the model touches the communicator no more */
   cr_expect_str_eq(hung_rank_free(&h), "abort\n");
 }
@@ -517,6 +555,173 @@ Test(ep, a_callers_communicator_is_left_to_the_caller) {
   cr_expect_str_eq(hung_rank_free(&h), "abort\n", "moejit neither aborted nor destroyed it");
 }
 
+/* ---- nonblocking communicators -------------------------------------------
+ * With NCCL 2.14 or newer the model makes its communicator nonblocking:
+ * NCCL's first connection to a peer (inside a group's end) and the
+ * teardown run in NCCL's thread, polled within opts.ep.timeout_ms, where a
+ * blocking communicator holds the host with no limit. */
+
+Test(ep, a_first_connection_that_never_ends_fails_the_forward_after_the_timeout) {
+  setenv("FAKE_NCCL_CONNECT_HANG", "1", 1);
+  hung_nonblocking = 1;
+  for (int capacity = 0; capacity <= HUNG_T; capacity += HUNG_T) {
+    hung_rank h;
+    hung_rank_make(&h, "0", 300, NULL);
+    moejit_ep_info info;
+    OPS_OK(moejit_model_ep_info(h.m, &info));
+    cr_assert_eq(info.nonblocking, 1, "the model made its communicator nonblocking");
+    moejit_moe_args a = hung_args(&h, capacity);
+    const double t0 = mj_now_ms();
+    moejit_status st = moejit_moe_forward(h.m, &a, h.stream);
+    const double took = mj_now_ms() - t0;
+    cr_assert_eq(st, MOEJIT_ERR_TIMEOUT, "capacity %d: %d: %s", capacity, st, moejit_last_error());
+    cr_expect(strstr(moejit_last_error(), capacity ? "dispatch" : "count exchange") &&
+                  strstr(moejit_last_error(), "had not finished enqueuing the exchange 300 ms") &&
+                  strstr(moejit_last_error(), "communicator was aborted;"),
+              "%s", moejit_last_error());
+    cr_expect(took >= 290 && took < 20000, "the forward took %.0f ms", took);
+    OPS_OK(moejit_model_ep_info(h.m, &info));
+    cr_expect_eq(info.failed, 1);
+    st = moejit_moe_forward(h.m, &a, h.stream); /* refused, with the first reason */
+    cr_expect_eq(st, MOEJIT_ERR_TIMEOUT);
+    cr_expect(strstr(moejit_last_error(), "failed earlier"), "%s", moejit_last_error());
+    cr_expect_str_eq(hung_rank_free(&h), "abort\n", "aborted once, never finalized");
+  }
+}
+
+Test(ep, a_healthy_nonblocking_communicator_is_finalized_then_destroyed) {
+  setenv("FAKE_NCCL_PROGRESS_MS", "20", 1); /* each group's and the finalize's work */
+  hung_nonblocking = 1;
+  hung_rank h;
+  hung_rank_make(&h, "0", 5000, NULL);
+  moejit_moe_args a = hung_args(&h, 0);
+  const double t0 = mj_now_ms();
+  OPS_OK(moejit_moe_forward(h.m, &a, h.stream)); /* three groups, each waited for */
+  cr_expect_geq(mj_now_ms() - t0, 3 * 20, "the forward waited for NCCL's thread");
+  a.ep_capacity = HUNG_T;
+  OPS_OK(moejit_moe_forward(h.m, &a, h.stream));
+  OPS_OK(moejit_model_ep_wait(h.m, h.stream, 5000));
+  moejit_ep_info info;
+  OPS_OK(moejit_model_ep_info(h.m, &info));
+  cr_expect_eq(info.failed, 0);
+  const double t1 = mj_now_ms();
+  cr_expect_str_eq(hung_rank_free(&h), "finalize\ndestroy\n");
+  cr_expect_geq(mj_now_ms() - t1, 20, "the destroy waited for the finalize");
+  cr_expect_eq(moejit_ep_pending_teardowns(), 0, "the destroy returned");
+}
+
+Test(ep, a_finalize_that_never_ends_is_aborted_after_the_timeout) {
+  setenv("FAKE_NCCL_FINALIZE_HANG", "1", 1);
+  hung_nonblocking = 1;
+  hung_rank h;
+  hung_rank_make(&h, "0", 300, NULL);
+  moejit_moe_args a = hung_args(&h, 0);
+  OPS_OK(moejit_moe_forward(h.m, &a, h.stream));
+  const double t0 = mj_now_ms();
+  const char *log = hung_rank_free(&h); /* a peer that died silently: finalize never ends */
+  const double took = mj_now_ms() - t0;
+  cr_expect_str_eq(log, "finalize\nabort\n");
+  cr_expect(took >= 290 && took < 10000, "the destroy took %.0f ms", took);
+}
+
+/* Within a node ncclCommDestroy waits for every peer to destroy its
+ * communicator too, for ever when one died after its last exchange: the
+ * model's destroy gives up after opts.ep.timeout_ms, and the process
+ * learns that NCCL has not returned. */
+Test(ep, a_destroy_that_never_returns_is_left_after_the_timeout) {
+  for (int nonblocking = 0; nonblocking < 2; nonblocking++) {
+    hung_nonblocking = nonblocking;
+    setenv("FAKE_NCCL_DESTROY_HANG", "0", 1);
+    hung_rank h;
+    hung_rank_make(&h, "0", 300, NULL);
+    moejit_moe_args a = hung_args(&h, 0);
+    OPS_OK(moejit_moe_forward(h.m, &a, h.stream));
+    cr_assert_eq(moejit_ep_pending_teardowns(), nonblocking, "one left from the first round");
+    setenv("FAKE_NCCL_DESTROY_HANG", "1", 1);
+    const double t0 = mj_now_ms();
+    const char *log = hung_rank_free(&h);
+    const double took = mj_now_ms() - t0;
+    cr_expect_str_eq(log, nonblocking ? "finalize\ndestroy\n" : "destroy\n");
+    cr_expect(took >= 290 && took < 10000, "nonblocking = %d: the destroy took %.0f ms",
+              nonblocking, took);
+    cr_expect_eq(moejit_ep_pending_teardowns(), 1 + nonblocking, "NCCL's destroy still runs");
+  }
+}
+
+/* The default communicator blocks: no finalize, and the stand-in's
+ * hanging first connection (which only a nonblocking one reports) does
+ * not show. */
+Test(ep, the_default_communicator_is_blocking) {
+  setenv("FAKE_NCCL_CONNECT_HANG", "1", 1);
+  hung_rank h;
+  hung_rank_make(&h, "0", 0, NULL);
+  moejit_ep_info info;
+  OPS_OK(moejit_model_ep_info(h.m, &info));
+  cr_expect_eq(info.nonblocking, 0);
+  moejit_moe_args a = hung_args(&h, 0);
+  OPS_OK(moejit_moe_forward(h.m, &a, h.stream));
+  cr_expect_str_eq(hung_rank_free(&h), "destroy\n");
+  cr_expect_eq(moejit_ep_pending_teardowns(), 0, "the destroy returned");
+}
+
+Test(ep, a_nonblocking_communicator_needs_nccl_2_14) {
+  OPS_REQUIRE_GPU();
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_VERSION", "21305", 1); /* 2.13.5 */
+  moejit_nccl_id id;
+  OPS_OK(moejit_nccl_unique_id(&id));
+  moejit_load_opts o;
+  moejit_load_opts_init(&o);
+  o.ep.world = 2;
+  o.ep.nccl_id = &id;
+  o.ep.nonblocking_comm = 1;
+  moejit_model *m = NULL;
+  cr_assert_eq(moejit_model_load_config(ops_ctx(), "olmoe-1b-7b", &o, &m), MOEJIT_ERR_UNSUPPORTED);
+  cr_assert_null(m);
+  cr_expect(strstr(moejit_last_error(), "needs NCCL 2.14 or newer") &&
+                strstr(moejit_last_error(), "this NCCL is 2.13.5"),
+            "%s", moejit_last_error());
+}
+
+/* A caller's nonblocking communicator: the model waits for NCCL's thread
+ * after each group, and leaves the communicator to the caller. */
+Test(ep, a_callers_nonblocking_communicator_is_waited_for) {
+  OPS_REQUIRE_GPU();
+  setenv("MOEJIT_NCCL_LIBRARY", MOEJIT_FAKE_NCCL_PATH, 1);
+  setenv("FAKE_NCCL_PROGRESS_MS", "10", 1);
+  const mj_nccl *n = NULL;
+  OPS_OK(mj_nccl_get(&n));
+  cr_assert(mj_nccl_has_nonblocking(n));
+  for (int hang = 0; hang < 2; hang++) {
+    setenv("FAKE_NCCL_CONNECT_HANG", hang ? "1" : "0", 1);
+    mj_nccl_config c;
+    mj_nccl_config_nonblocking(&c);
+    mj_nccl_unique_id uid;
+    memset(&uid, 0, sizeof uid);
+    mj_nccl_comm comm = NULL;
+    cr_assert_eq(n->CommInitRankConfig(&comm, 2, uid, 0, &c), MJ_NCCL_IN_PROGRESS);
+    mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
+    while (async == MJ_NCCL_IN_PROGRESS) cr_assert_eq(n->CommGetAsyncError(comm, &async), 0);
+    cr_assert_eq(async, MJ_NCCL_SUCCESS);
+    hung_rank h;
+    hung_rank_make(&h, "0", 300, comm);
+    moejit_ep_info info;
+    OPS_OK(moejit_model_ep_info(h.m, &info));
+    cr_expect_eq(info.nonblocking, 0, "not the model's");
+    moejit_moe_args a = hung_args(&h, 0);
+    const moejit_status st = moejit_moe_forward(h.m, &a, h.stream);
+    if (!hang) {
+      cr_expect_eq(st, MOEJIT_OK, "%s", moejit_last_error());
+    } else {
+      cr_expect_eq(st, MOEJIT_ERR_TIMEOUT, "%d: %s", st, moejit_last_error());
+      cr_expect(strstr(moejit_last_error(), "the caller's: abort it (ncclCommAbort)"), "%s",
+                moejit_last_error());
+    }
+    cr_expect_str_eq(hung_rank_free(&h), "", "hang = %d: moejit left it alone", hang);
+    cr_assert_eq(n->CommAbort(comm), MJ_NCCL_SUCCESS); /* the caller's to end */
+  }
+}
+
 /* Small T also serves compute-sanitizer (scripts/gpu-sanitize.sh). */
 Test(ep, one_rank_small_is_bitwise_the_single_gpu_layer) {
   static const int64_t ts[] = {1, 37};
@@ -552,6 +757,20 @@ Test(ep, bad_options_and_arguments_are_refused) {
   cr_assert_eq(moejit_model_load_config(ops_ctx(), "qwen3-30b-a3b", &o, &none),
                MOEJIT_ERR_INVALID_ARGUMENT);
   cr_assert(strstr(moejit_last_error(), "opts.ep.timeout_ms = -5"), "%s", moejit_last_error());
+  cr_assert_null(none);
+  o.ep.timeout_ms = 0;
+  o.ep.nonblocking_comm = 2;
+  cr_assert_eq(moejit_model_load_config(ops_ctx(), "qwen3-30b-a3b", &o, &none),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "opts.ep.nonblocking_comm = 2"), "%s", moejit_last_error());
+  o.ep.nonblocking_comm = 1;
+  o.ep.nccl_id = NULL;
+  o.ep.world = 0;
+  o.ep.nccl_comm = &o; /* refused before it is looked at */
+  cr_assert_eq(moejit_model_load_config(ops_ctx(), "qwen3-30b-a3b", &o, &none),
+               MOEJIT_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(moejit_last_error(), "nonblocking_comm is set with opts.ep.nccl_comm"), "%s",
+            moejit_last_error());
   cr_assert_null(none);
 
   one_rank r;
@@ -658,20 +877,37 @@ static double json_num(const char *obj, const char *key) {
   return strtod(p + strlen(pat), NULL);
 }
 
-static void run_ranks(int world, const char *preset, const char *route) {
+static void run_ranks_with(int world, const char *preset, const char *route, int nonblocking) {
   require_gpu_and_nccl();
   if (device_count() < world)
     cr_skip_test("%d ranks need %d GPUs; this machine has %d", world, world, device_count());
+  int version = 0;
+  OPS_OK(moejit_nccl_version(&version));
+  if (nonblocking && version < 21400)
+    cr_skip_test("NCCL %d has no nonblocking communicators (2.14 or newer)", version);
   char ep[8];
   snprintf(ep, sizeof ep, "%d", world);
-  const char *args[] = {"run",    "--preset", preset,   "--ep", ep,
-                        "--ep-route",    route,    "--tokens", "1,256,4096", "--iters", "3",
-                        "--json",        NULL};
+  const char *args[] = {"run",
+                        "--preset",
+                        preset,
+                        "--ep",
+                        ep,
+                        "--ep-route",
+                        route,
+                        "--tokens",
+                        "1,256,4096",
+                        "--iters",
+                        "3",
+                        "--json",
+                        nonblocking ? "--ep-nonblocking-comm" : NULL,
+                        NULL};
   char *out = NULL, *err = NULL;
   int rc = ts_run_cli(args, NULL, &out, &err);
   cr_assert_eq(rc, 0, "moejit run --ep %d %s %s: exit %d\n%s\n%s", world, preset, route, rc, out,
                err);
   cr_assert(ts_json_valid(out), "not JSON: %s", out);
+  cr_assert(strstr(out, nonblocking ? "\"comm\":\"nonblocking\"" : "\"comm\":\"blocking\""),
+            "%.300s", out);
   int points = 0;
   for (const char *p = strstr(out, "{\"rank\":"); p; p = strstr(p + 1, "{\"rank\":")) {
     points++;
@@ -692,6 +928,10 @@ static void run_ranks(int world, const char *preset, const char *route) {
   cr_assert_eq(points, 3 * world, "%d points for %d ranks x 3 token counts", points, world);
   free(out);
   free(err);
+}
+
+static void run_ranks(int world, const char *preset, const char *route) {
+  run_ranks_with(world, preset, route, 0);
 }
 
 /* A rank started by hand whose peer never comes (the stand-in NCCL's
@@ -721,6 +961,35 @@ Test(ep, a_cli_rank_gives_up_after_ep_timeout) {
   free(dir);
 }
 
+/* A CLI rank whose NCCL teardown does not return (a peer that died after
+ * the last exchange) stops waiting after --ep-timeout and exits 1 without
+ * tearing CUDA down under NCCL. The stand-in moves nothing, so the rank's
+ * checks fail too; what matters is that it ends, and says why. */
+Test(ep, a_cli_rank_whose_teardown_hangs_exits_without_cleaning_up) {
+  OPS_REQUIRE_GPU();
+  char *dir = ts_mkdtemp("ep-cli-teardown"), id[1100], lib[1100];
+  snprintf(id, sizeof id, "%s/id", dir);
+  snprintf(lib, sizeof lib, "MOEJIT_NCCL_LIBRARY=%s", MOEJIT_FAKE_NCCL_PATH);
+  const char *env[] = {lib, "FAKE_NCCL_DESTROY_HANG=1", NULL};
+  const char *args[] = {
+      "run", "--preset",     "olmoe-1b-7b", "--ep",     "2", "--ep-rank", "0", "--ep-id-file",
+      id,    "--ep-timeout", "1",           "--tokens", "4", "--iters",   "1", NULL};
+  char *out = NULL, *err = NULL;
+  const double t0 = mj_now_ms();
+  int rc = ts_run_cli(args, env, &out, &err);
+  const double took = mj_now_ms() - t0;
+  cr_expect_eq(rc, 1, "exit %d\n%s\n%s", rc, out, err);
+  cr_expect(err && strstr(err,
+                          "exits without cleaning up (NCCL's teardown of the communicator "
+                          "had not returned 1 s later"),
+            "stderr: %s", err);
+  cr_expect(took < 50000, "took %.0f ms (the stand-in's destroy takes 60 s)", took);
+  free(out);
+  free(err);
+  ts_rmtree(dir);
+  free(dir);
+}
+
 Test(ep, one_rank_cli_deepseek) { run_ranks(1, "deepseek-v3", "uniform"); }
 Test(ep, two_ranks_deepseek_uniform) { run_ranks(2, "deepseek-v3", "uniform"); }
 Test(ep, two_ranks_qwen3_uniform) { run_ranks(2, "qwen3-30b-a3b", "uniform"); }
@@ -728,3 +997,6 @@ Test(ep, two_ranks_deepseek_all_tokens_on_one_rank) { run_ranks(2, "deepseek-v3"
 Test(ep, two_ranks_qwen3_all_tokens_on_one_rank) { run_ranks(2, "qwen3-30b-a3b", "one-rank"); }
 Test(ep, two_ranks_qwen3_a_rank_without_tokens) { run_ranks(2, "qwen3-30b-a3b", "idle-rank"); }
 Test(ep, four_ranks_qwen3_uniform) { run_ranks(4, "qwen3-30b-a3b", "uniform"); }
+Test(ep, two_ranks_qwen3_nonblocking) {
+  run_ranks_with(2, "qwen3-30b-a3b", "uniform", 1);
+}
