@@ -69,18 +69,19 @@ moejit_status mj_ep_fail(const moejit_model *m, moejit_status st) {
   return st;
 }
 
-/* ncclCommAbort on a thread of its own. NCCL raises the communicator's
- * abort flag first, which ends its kernels, but then frees the
- * communicator, and within a node that can wait for the peers, for ever
- * when one died (NVIDIA/nccl issues 863, 1777): the callers get their
- * threads back after a bound all the same. The job is shared by the
+/* ncclCommAbort (or, for a healthy teardown, ncclCommDestroy) on a thread
+ * of its own. NCCL raises the communicator's abort flag first, which ends
+ * its kernels, but then frees the communicator, and within a node that
+ * can wait for the peers, for ever when one died (NVIDIA/nccl issues 863,
+ * 1777; a destroy waits for them too): the callers get their threads back
+ * after a bound all the same. The job is shared by the
  * model (mj_ep.abort_job) and the thread, and freed by whichever lets go
  * last; the thread touches nothing else, so the model may go first. */
 struct mj_ep_abort_job {
   const mj_nccl *nccl;
   mj_nccl_comm comm;
   int destroy;        /* ncclCommDestroy (a healthy teardown) instead */
-  atomic_int done;    /* ncclCommAbort returned */
+  atomic_int done;    /* ncclCommAbort (or Destroy) returned */
   atomic_int overdue; /* a wait ran out: later waits do not wait again */
   atomic_int refs;
 };
