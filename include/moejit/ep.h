@@ -108,11 +108,10 @@ typedef struct moejit_ep_opts {
    * 2.14 or newer, else the load fails with MOEJIT_ERR_UNSUPPORTED). Then
    * no NCCL call holds the host beyond timeout_ms: not the first
    * connection to a peer, which a blocking communicator makes inside
-   * ncclGroupEnd with no limit, and not the teardown. The price: NCCL ends
-   * each group of sends and receives on a thread it starts for it, which
-   * the exact forward waits for three times (about 0.19 ms more a
-   * forward with NCCL 2.28.3 on two H100s; a graph replay pays nothing).
-   * 0 (the default): blocking. docs/ep.md, "Nonblocking communicators". */
+   * ncclGroupEnd with no limit, and not the teardown. The price, measured
+   * with NCCL 2.28.3 on two H100s: about 0.19 ms more an exact forward
+   * (a graph replay pays nothing). 0 (the default): blocking. docs/ep.md,
+   * "Nonblocking communicators". */
   int nonblocking_comm;
 } moejit_ep_opts;
 
