@@ -122,9 +122,6 @@ typedef struct moejit_ep_info {
   int owns_comm;         /* 1: the model made the communicator and destroys it */
   int nccl_version;
   int timeout_ms; /* opts.ep.timeout_ms of the load */
-  /* 1: the model made its communicator nonblocking
-   * (moejit_ep_opts.nonblocking_comm); 0 for a blocking one or a caller's. */
-  int nonblocking;
   /* 1 once the model has failed (an NCCL call failed, NCCL reported an
    * error, a wait timed out, or moejit_model_ep_abort): its forwards are
    * refused from then on, and moejit_last_error() of such a refusal says
@@ -136,6 +133,9 @@ typedef struct moejit_ep_info {
    * end (tearing down CUDA under that abort is not safe): _exit rather
    * than exit. */
   int abort_pending;
+  /* 1: the model made its communicator nonblocking
+   * (moejit_ep_opts.nonblocking_comm); 0 for a blocking one or a caller's. */
+  int nonblocking;
 } moejit_ep_info;
 
 /* INVALID_ARGUMENT for NULL; UNSUPPORTED for a model loaded without
