@@ -114,9 +114,25 @@ static void join_release(join_job *j) {
   free(j);
 }
 
-static int join_given_up(join_job *j) {
+/* Polls a nonblocking communicator's state (mj_nccl_state) every 200 µs
+ * while NCCL's thread works, until it ends, `deadline` (mj_now_ms; 0:
+ * none) passes, or stop(arg) (stop may be NULL) says to; the last state,
+ * ncclInProgress when it stopped early. */
+static mj_nccl_result poll_state(const mj_nccl *n, mj_nccl_comm comm, double deadline,
+                                 int (*stop)(void *), void *arg) {
+  for (;;) {
+    const mj_nccl_result r = mj_nccl_state(n, comm);
+    if (r != MJ_NCCL_IN_PROGRESS || (deadline > 0 && mj_now_ms() >= deadline) ||
+        (stop && stop(arg)))
+      return r;
+    mj_sleep_us(200);
+  }
+}
+
+static int join_abandoned(void *arg) {
+  join_job *j = arg;
   pthread_mutex_lock(&j->mu);
-  const int v = j->abandoned || (j->give_up_at > 0 && mj_now_ms() >= j->give_up_at);
+  const int v = j->abandoned;
   pthread_mutex_unlock(&j->mu);
   return v;
 }
@@ -128,16 +144,9 @@ static mj_nccl_result join_nonblocking(join_job *j, mj_nccl_comm *comm, int *abo
   mj_nccl_config c;
   mj_nccl_config_nonblocking(&c);
   mj_nccl_result r = j->nccl->CommInitRankConfig(comm, j->world, j->id, j->rank, &c);
-  while (r == MJ_NCCL_IN_PROGRESS && *comm) {
-    mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
-    const mj_nccl_result q = j->nccl->CommGetAsyncError(*comm, &async);
-    r = q != MJ_NCCL_SUCCESS ? q : async;
-    if (r != MJ_NCCL_IN_PROGRESS) break;
-    if (join_given_up(j)) {
-      *aborted = 1;
-      break;
-    }
-    mj_sleep_us(200);
+  if (r == MJ_NCCL_IN_PROGRESS && *comm) {
+    r = poll_state(j->nccl, *comm, j->give_up_at, join_abandoned, j);
+    *aborted = r == MJ_NCCL_IN_PROGRESS;
   }
   /* a join that failed or was given up still holds a communicator */
   if (r != MJ_NCCL_SUCCESS && *comm) {
@@ -233,15 +242,9 @@ static void teardown(mj_ep *ep) {
     return;
   }
   mj_nccl_result r = ep->nccl->CommFinalize(ep->comm);
-  const double t0 = mj_now_ms();
-  while (r == MJ_NCCL_IN_PROGRESS) {
-    mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
-    const mj_nccl_result q = ep->nccl->CommGetAsyncError(ep->comm, &async);
-    r = q != MJ_NCCL_SUCCESS ? q : async;
-    if (r != MJ_NCCL_IN_PROGRESS || (ep->timeout_ms > 0 && mj_now_ms() - t0 >= ep->timeout_ms))
-      break;
-    mj_sleep_us(200);
-  }
+  if (r == MJ_NCCL_IN_PROGRESS)
+    r = poll_state(ep->nccl, ep->comm, ep->timeout_ms > 0 ? mj_now_ms() + ep->timeout_ms : 0, NULL,
+                   NULL);
   if (r == MJ_NCCL_SUCCESS)
     (void)mj_ep_destroy_comm(ep, ep->timeout_ms);
   else
@@ -256,10 +259,8 @@ void mj_ep_free(moejit_ctx *ctx, mj_ep *ep) {
       /* after a failure, or an error NCCL found on its own (a peer that
        * died), ncclCommDestroy would wait for the peers: abort instead,
        * bounded (it may wait for a dead peer too) */
-      mj_nccl_result async = MJ_NCCL_SUCCESS;
-      const int failed = atomic_load(&ep->state) != MJ_EP_OK ||
-                         ep->nccl->CommGetAsyncError(ep->comm, &async) != MJ_NCCL_SUCCESS ||
-                         (async != MJ_NCCL_SUCCESS && async != MJ_NCCL_IN_PROGRESS);
+      const int failed =
+          atomic_load(&ep->state) != MJ_EP_OK || mj_nccl_broken(mj_nccl_state(ep->nccl, ep->comm));
       if (failed)
         (void)mj_ep_abort(ep, MJ_EP_ABORT_WAIT_MS, NULL);
       else

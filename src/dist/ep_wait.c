@@ -212,25 +212,32 @@ static moejit_status refusal(const moejit_model *m, const char *what) {
                  ready ? ep->why : "another thread is recording why", hint_for((mj_ep *)ep));
 }
 
+/* The communicator's state (mj_nccl_state), asked through the door
+ * (mj_ep_comm_enter): 0 when it is being aborted (nothing asked), else 1
+ * with *state set and, when that is an error, the model failed with it
+ * (its status in *st, its message in msg[cap]). */
+static int comm_state(const moejit_model *m, const char *what, mj_nccl_result *state,
+                      moejit_status *st, char *msg, size_t cap) {
+  mj_ep *ep = ep_of(m);
+  if (!mj_ep_comm_enter(ep)) return 0;
+  *state = mj_nccl_state(ep->nccl, ep->comm);
+  const int broken = mj_nccl_broken(*state);
+  if (broken) *st = mj_nccl_check(ep->nccl, *state, ep->comm, "ncclCommGetAsyncError");
+  mj_ep_comm_leave(ep);
+  if (broken) {
+    *st = mj_fail_prefix(*st, "%s: the communicator is broken", what);
+    fail_with_last(ep, *st, msg, cap);
+  }
+  return 1;
+}
+
 /* 1 with the failure recorded (its status in *st, its message in
  * msg[cap]) when NCCL reports an error on the communicator; the caller
  * gives up on it. */
 static int nccl_reports_error(const moejit_model *m, const char *what, moejit_status *st, char *msg,
                               size_t cap) {
-  mj_ep *ep = ep_of(m);
-  if (!ep->comm || !mj_ep_comm_enter(ep)) return 0;
-  mj_nccl_result async = MJ_NCCL_SUCCESS;
-  const mj_nccl_result r = ep->nccl->CommGetAsyncError(ep->comm, &async);
-  const int broken =
-      r != MJ_NCCL_SUCCESS || (async != MJ_NCCL_SUCCESS && async != MJ_NCCL_IN_PROGRESS);
-  if (broken)
-    *st = mj_nccl_check(ep->nccl, r != MJ_NCCL_SUCCESS ? r : async, ep->comm,
-                        "ncclCommGetAsyncError");
-  mj_ep_comm_leave(ep);
-  if (!broken) return 0;
-  *st = mj_fail_prefix(*st, "%s: the communicator is broken", what);
-  fail_with_last(ep, *st, msg, cap);
-  return 1;
+  mj_nccl_result state = MJ_NCCL_SUCCESS;
+  return ep_of(m)->comm && comm_state(m, what, &state, st, msg, cap) && mj_nccl_broken(state);
 }
 
 moejit_status mj_ep_usable(const moejit_model *m, const char *what) {
@@ -256,12 +263,16 @@ static int stream_done(const moejit_model *m, moejit_stream stream, moejit_statu
 
 /* Gives up on the exchanges of a failed model: aborts a communicator it
  * made, then lets NCCL's ended work and what follows it on `stream` run
- * out. What to say about it (a static string). */
+ * out (not a stream being captured: nothing of it runs). What to say
+ * about it (a static string). */
 static const char *give_up(const moejit_model *m, moejit_stream stream) {
   int hung = 0;
   if (!abort_owned(m, &hung))
     return "the communicator is the caller's: abort it (ncclCommAbort) to end the NCCL work "
            "still on the stream";
+  if (mj_ctx_stream_capturing(m->ctx, stream))
+    return hung ? "the communicator was aborted, but ncclCommAbort had not returned 5 s later"
+                : "the communicator was aborted";
   const double t0 = mj_now_ms();
   moejit_status st;
   int done;
@@ -274,6 +285,14 @@ static const char *give_up(const moejit_model *m, moejit_stream stream) {
                 "ncclCommAbort had not returned 5 s later (NCCL can wait for a dead peer even to "
                 "free a communicator)"
               : "the communicator was aborted";
+}
+
+/* The failure just recorded (st, msg) with what giving up on it did, and
+ * what to do next. */
+static moejit_status give_up_on(const moejit_model *m, moejit_stream stream, moejit_status st,
+                                const char *msg) {
+  const char *after = give_up(m, stream);
+  return mj_fail(st, "%s; %s; %s", msg, after, hint_for(ep_of(m)));
 }
 
 moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeout_ms,
@@ -307,18 +326,14 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
       continue;
     }
     checked = now;
-    if (nccl_reports_error(m, what, &st, msg, sizeof msg)) {
-      const char *after = give_up(m, stream);
-      return mj_fail(st, "%s; %s; %s", msg, after, hint_for(ep));
-    }
+    if (nccl_reports_error(m, what, &st, msg, sizeof msg)) return give_up_on(m, stream, st, msg);
     if (timeout_ms > 0 && waited >= timeout_ms) {
       mj_fail(MOEJIT_ERR_TIMEOUT,
               "%s: the exchanges with the peer ranks did not finish within %d ms (a peer may "
               "have died, hung or stopped calling the forward)",
               what, timeout_ms);
       fail_with_last(ep, MOEJIT_ERR_TIMEOUT, msg, sizeof msg);
-      const char *after = give_up(m, stream);
-      return mj_fail(MOEJIT_ERR_TIMEOUT, "%s; %s; %s", msg, after, hint_for(ep));
+      return give_up_on(m, stream, MOEJIT_ERR_TIMEOUT, msg);
     }
     sched_yield();
   }
@@ -327,49 +342,33 @@ moejit_status mj_ep_wait(const moejit_model *m, moejit_stream stream, int timeou
 moejit_status mj_ep_settle(const moejit_model *m, moejit_stream stream, const char *what) {
   mj_ep *ep = ep_of(m);
   char msg[sizeof ep->why];
-  const int timeout_ms = ep->timeout_ms;
   const double t0 = mj_now_ms();
   for (;;) {
-    if (atomic_load(&ep->state) != MJ_EP_OK || !mj_ep_comm_enter(ep))
-      return refusal(m, what); /* another thread gave up meanwhile */
-    mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
-    const mj_nccl_result r = ep->nccl->CommGetAsyncError(ep->comm, &async);
-    mj_ep_comm_leave(ep);
-    if (r == MJ_NCCL_SUCCESS && async == MJ_NCCL_SUCCESS) return MOEJIT_OK;
-    const int broken = r != MJ_NCCL_SUCCESS || async != MJ_NCCL_IN_PROGRESS;
-    const int late = !broken && timeout_ms > 0 && mj_now_ms() - t0 >= timeout_ms;
-    if (!broken && !late) {
-      /* NCCL's thread enqueues in tens of µs once connected; a first
-       * connection takes longer, and is polled less often */
-      if (mj_now_ms() - t0 < 5.0)
-        sched_yield();
-      else
-        mj_sleep_us(EP_POLL_US);
-      continue;
-    }
+    mj_nccl_result state;
     moejit_status st;
-    if (broken) {
-      st = mj_nccl_check(ep->nccl, r != MJ_NCCL_SUCCESS ? r : async, ep->comm,
-                         "ncclCommGetAsyncError");
-      st = mj_fail_prefix(st, "%s: the communicator is broken", what);
-    } else {
+    if (atomic_load(&ep->state) != MJ_EP_OK || !comm_state(m, what, &state, &st, msg, sizeof msg))
+      return refusal(m, what); /* another thread gave up meanwhile */
+    if (state == MJ_NCCL_SUCCESS) return MOEJIT_OK;
+    if (state == MJ_NCCL_IN_PROGRESS) {
+      const double waited = mj_now_ms() - t0;
+      if (ep->timeout_ms <= 0 || waited < ep->timeout_ms) {
+        /* NCCL's thread enqueues in tens of µs once connected (polled
+         * yielding the core: a busy poll starves that thread); a first
+         * connection takes longer, and is polled less often */
+        if (waited < 5.0)
+          sched_yield();
+        else
+          mj_sleep_us(EP_POLL_US);
+        continue;
+      }
       st = mj_fail(MOEJIT_ERR_TIMEOUT,
                    "%s: NCCL had not finished enqueuing the exchange %d ms later (the first "
                    "exchange with a peer connects to it, which waits for the peer: a peer may "
                    "have died, hung or not reached this exchange)",
-                   what, timeout_ms);
+                   what, ep->timeout_ms);
+      fail_with_last(ep, st, msg, sizeof msg);
     }
-    fail_with_last(ep, st, msg, sizeof msg);
-    const char *after;
-    if (mj_ctx_stream_capturing(m->ctx, stream)) { /* nothing of it runs: no drain */
-      int hung = 0;
-      after = !abort_owned(m, &hung) ? "the communicator is the caller's: abort it (ncclCommAbort)"
-              : hung ? "the communicator was aborted, but ncclCommAbort had not returned 5 s later"
-                     : "the communicator was aborted";
-    } else {
-      after = give_up(m, stream);
-    }
-    return mj_fail(st, "%s; %s; %s", msg, after, hint_for(ep));
+    return give_up_on(m, stream, st, msg);
   }
 }
 

@@ -119,6 +119,12 @@ int mj_nccl_has_nonblocking(const mj_nccl *n) {
   return n->version >= MJ_NCCL_NONBLOCKING_VERSION && n->CommInitRankConfig && n->CommFinalize;
 }
 
+mj_nccl_result mj_nccl_state(const mj_nccl *n, mj_nccl_comm comm) {
+  mj_nccl_result async = MJ_NCCL_IN_PROGRESS;
+  const mj_nccl_result r = n->CommGetAsyncError(comm, &async);
+  return r != MJ_NCCL_SUCCESS ? r : async;
+}
+
 void mj_nccl_config_nonblocking(mj_nccl_config *c) {
   memset(c, 0, sizeof *c);
   c->size = sizeof *c;

@@ -93,6 +93,15 @@ typedef struct mj_nccl {
  * ncclCommInitRankConfig and ncclCommFinalize). */
 int mj_nccl_has_nonblocking(const mj_nccl *n);
 
+/* ncclCommGetAsyncError as one answer: the call's own error, else the
+ * communicator's state (ncclSuccess; ncclInProgress while a nonblocking
+ * one's work goes on in NCCL's thread; or the error NCCL found). */
+mj_nccl_result mj_nccl_state(const mj_nccl *n, mj_nccl_comm comm);
+/* 1 for a state that is an error (neither done nor in progress). */
+static inline int mj_nccl_broken(mj_nccl_result state) {
+  return state != MJ_NCCL_SUCCESS && state != MJ_NCCL_IN_PROGRESS;
+}
+
 /* Loads NCCL once per process ($MOEJIT_NCCL_LIBRARY, else libnccl.so.2,
  * else libnccl.so) and resolves the table. UNSUPPORTED with a message that
  * says how to provide NCCL when it is absent or too old (needs 2.9: send/recv
