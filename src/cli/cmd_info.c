@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dist/nccl.h" /* MJ_NCCL_NONBLOCKING_VERSION */
 
 static void info_usage(FILE *f) {
   fprintf(f,
@@ -12,8 +13,9 @@ static void info_usage(FILE *f) {
           "\n"
           "Prints the moejit and NVRTC versions, the archs NVRTC can target, the CUDA driver\n"
           "version and each GPU (name, compute capability, arch moejit compiles for, SMs,\n"
-          "memory, shared memory, L2), the NCCL that expert parallelism would use (or why\n"
-          "there is none), and the cache directory with its entries and size.\n"
+          "memory, shared memory, L2), the NCCL that expert parallelism would use and\n"
+          "whether it makes nonblocking communicators (or why there is none), and the\n"
+          "cache directory with its entries and size.\n"
           "Without a driver or GPU it says why and still exits 0 (compiling needs no GPU).\n"
           "\n"
           "options:\n"
@@ -37,6 +39,7 @@ typedef struct info_report {
   char cache_dir[MOEJIT_PATH_MAX];
   char cache_error[1024];
   char nccl_version[32]; /* "2.28.9", or "" when not available */
+  int nccl_nonblocking;  /* 2.14 or newer: opts.ep.nonblocking_comm works */
   char nccl_error[1024]; /* why not */
 } info_report;
 
@@ -94,11 +97,13 @@ static void gather(info_report *r, const char *cache_dir) {
   gather_devices(r);
   gather_cache(r, cache_dir);
   int v = 0; /* NCCL's code: X*10000 + Y*100 + Z from 2.9, the oldest moejit takes */
-  if (moejit_nccl_version(&v) == MOEJIT_OK)
+  if (moejit_nccl_version(&v) == MOEJIT_OK) {
+    r->nccl_nonblocking = v >= MJ_NCCL_NONBLOCKING_VERSION;
     snprintf(r->nccl_version, sizeof r->nccl_version, "%d.%d.%d", v / 10000, (v / 100) % 100,
              v % 100);
-  else
+  } else {
     snprintf(r->nccl_error, sizeof r->nccl_error, "%s", moejit_last_error());
+  }
 }
 
 static void report_free(info_report *r) {
@@ -121,7 +126,8 @@ static void print_text(const info_report *r) {
   else
     printf("CUDA driver: none\n");
   if (r->nccl_version[0])
-    printf("NCCL %s (expert parallelism)\n", r->nccl_version);
+    printf("NCCL %s (expert parallelism; nonblocking communicators: %s)\n", r->nccl_version,
+           r->nccl_nonblocking ? "yes" : "no, they need 2.14 or newer");
   else
     printf("NCCL: none (expert parallelism only): %s\n", r->nccl_error);
   if (r->no_gpu[0]) printf("no GPU: %s\n", r->no_gpu);
@@ -181,9 +187,10 @@ static void print_json(const info_report *r) {
   print_json_archs(r->nvrtc_archs);
   printf("},\"nccl\":");
   if (r->nccl_version[0]) {
-    printf("{\"version\":\"%s\",\"error\":null}", r->nccl_version);
+    printf("{\"version\":\"%s\",\"nonblocking\":%s,\"error\":null}", r->nccl_version,
+           r->nccl_nonblocking ? "true" : "false");
   } else {
-    printf("{\"version\":null,\"error\":");
+    printf("{\"version\":null,\"nonblocking\":false,\"error\":");
     cli_json_str(stdout, r->nccl_error);
     printf("}");
   }

@@ -447,11 +447,29 @@ Test(runtime_nodriver, info_reports_nccl) {
   const char *text[] = {"info", NULL}, *json[] = {"info", "--json", NULL};
   char *out = NULL, *err = NULL;
   cr_expect_eq(ts_run_cli(text, with_nccl, &out, &err), 0, "%s", err);
-  cr_expect(strstr(out, "NCCL 2.21.5 (expert parallelism)"), "%s", out);
+  cr_expect(strstr(out, "NCCL 2.21.5 (expert parallelism; nonblocking communicators: yes)"), "%s",
+            out);
   free(out), free(err);
   cr_expect_eq(ts_run_cli(json, with_nccl, &out, &err), 0, "%s", err);
-  cr_expect(ts_json_valid(out) && strstr(out, "\"nccl\":{\"version\":\"2.21.5\",\"error\":null}"),
+  cr_expect(
+      ts_json_valid(out) &&
+          strstr(out, "\"nccl\":{\"version\":\"2.21.5\",\"nonblocking\":true,\"error\":null}"),
+      "%s", out);
+  free(out), free(err);
+  /* older than 2.14: expert parallelism, but no nonblocking communicators */
+  static const char *const old_nccl[] = {"MOEJIT_LIBCUDA_PATH=" NO_LIBCUDA,
+                                         "MOEJIT_NCCL_LIBRARY=" MOEJIT_FAKE_NCCL_PATH,
+                                         "FAKE_NCCL_VERSION=21305", NULL};
+  cr_expect_eq(ts_run_cli(text, old_nccl, &out, &err), 0, "%s", err);
+  cr_expect(strstr(out,
+                   "NCCL 2.13.5 (expert parallelism; nonblocking communicators: no, they "
+                   "need 2.14 or newer)"),
             "%s", out);
+  free(out), free(err);
+  cr_expect_eq(ts_run_cli(json, old_nccl, &out, &err), 0, "%s", err);
+  cr_expect(
+      ts_json_valid(out) && strstr(out, "\"nccl\":{\"version\":\"2.13.5\",\"nonblocking\":false,"),
+      "%s", out);
   free(out), free(err);
   cr_expect_eq(ts_run_cli(text, none, &out, &err), 0, "%s", err);
   cr_expect(strstr(out, "NCCL: none (expert parallelism only): NCCL is not available") &&
@@ -459,8 +477,10 @@ Test(runtime_nodriver, info_reports_nccl) {
             "%s", out);
   free(out), free(err);
   cr_expect_eq(ts_run_cli(json, none, &out, &err), 0, "%s", err);
-  cr_expect(ts_json_valid(out) && strstr(out, "\"nccl\":{\"version\":null,\"error\":\"NCCL is not"),
-            "%s", out);
+  cr_expect(
+      ts_json_valid(out) &&
+          strstr(out, "\"nccl\":{\"version\":null,\"nonblocking\":false,\"error\":\"NCCL is not"),
+      "%s", out);
   free(out), free(err);
 }
 
