@@ -9,18 +9,18 @@
 # errors, failed or timed out.
 #
 #   scripts/gpu-sanitize.sh BUILD_DIR [TOOL...]     tools: memcheck racecheck initcheck synccheck
-#   GPU_SANITIZE_BINARIES="test_gemm test_layer"    which test binaries (default: all eight)
+#   GPU_SANITIZE_BINARIES="test_gemm test_layer"    which test binaries (default: all nine)
 #   GPU_SANITIZE_TIMEOUT=120                        seconds per run
 #   GPU_SANITIZE_FILTER_test_gemm_racecheck='gemm/routing_edge_cases'   override one filter
 #   OUT=out                                         logs go to $OUT/sanitize/ (plus summary.txt)
-# All four tools over all eight binaries take up to 32 x GPU_SANITIZE_TIMEOUT
+# All four tools over all nine binaries take up to 36 x GPU_SANITIZE_TIMEOUT
 # seconds: where a session has a time limit, run one or two tools per call.
 set -uo pipefail
 B=${1:?usage: scripts/gpu-sanitize.sh BUILD_DIR [memcheck racecheck initcheck synccheck]}
 shift
 tools=("$@")
 [[ ${#tools[@]} -eq 0 ]] && tools=(memcheck racecheck initcheck synccheck)
-read -r -a bins <<<"${GPU_SANITIZE_BINARIES:-test_runtime test_route test_align test_combine test_gemm test_layer test_badargs test_ep}"
+read -r -a bins <<<"${GPU_SANITIZE_BINARIES:-test_runtime test_route test_router_logits test_align test_combine test_gemm test_layer test_badargs test_ep}"
 limit=${GPU_SANITIZE_TIMEOUT:-120}
 OUT=${OUT:-out}
 LOGS=$OUT/sanitize
@@ -41,6 +41,8 @@ filter_for() { # binary class
     test_runtime:race) echo 'runtime_gpu/@(nvrtc_cache_load_launch_gives_the_exact_answer|large_dynamic_shared_memory_is_opted_in)' ;;
     test_route:full) echo 'route_gpu/!(softmax_renormalized_grid|softmax_plain_grid)' ;;
     test_route:race) echo 'route_gpu/@(ties_go_to_the_lower_index|nan_and_inf_logits|bf16_logits)' ;;
+    test_router_logits:full) echo 'router_logits/@(a_tokens_logits_do_not_depend_on_the_call|bad_arguments_are_refused_before_launching)' ;;
+    test_router_logits:race) echo 'router_logits/a_tokens_logits_do_not_depend_on_the_call' ;;
     test_align:full) echo 'align_gpu/@(grid_of_experts_topk_and_tokens|expert_ranges_drop_the_other_experts|skewed_empty_and_invalid_ids|bad_arguments_are_refused_before_launching)' ;;
     test_align:race) echo 'align_gpu/@(expert_ranges_drop_the_other_experts|bad_arguments_are_refused_before_launching)' ;;
     test_combine:full) echo 'combine_gpu/!(preset_shapes_at_16384_tokens)' ;;

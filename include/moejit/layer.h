@@ -171,7 +171,9 @@ typedef struct moejit_moe_args {
                               INT32_MAX / (top_k * world), which the
                               workspace query checks) */
   const void *x;           /* [T, d] of spec.act_dtype; 16-byte aligned */
-  const void *logits;      /* [T, E] router logits of spec.logits_dtype; 16-byte aligned */
+  const void *logits;      /* [T, E] router logits of spec.logits_dtype; 16-byte
+                              aligned. NULL with gate_weight (below): exactly one
+                              of the two */
   const float *route_bias; /* [E] fp32 selection bias (sigmoid rule) or NULL;
                               16-byte aligned */
   const void *w1;          /* [E, 2f, d] of spec.weight_dtype (gate rows, then
@@ -207,6 +209,18 @@ typedef struct moejit_moe_args {
   int64_t ep_capacity;
   int32_t *ep_dropped;
   moejit_event *ep_events;
+  /* The router's weight instead of its logits: [E, d] of spec.weight_dtype
+   * (nn.Linear(d, E, bias=False).weight), 16-byte aligned, with logits
+   * NULL. The forward then computes logits = x . gate_weight^T first (one
+   * more launch: moejit_router_logits, fp32 sums rounded to
+   * spec.logits_dtype) and routes them. Expert-parallel: the whole router,
+   * [E, d], on every rank. */
+  const void *gate_weight;
+  /* With gate_weight: NULL, or out [T, E] of spec.logits_dtype (16-byte
+   * aligned) receiving the logits the forward computed (for an auxiliary
+   * loss, or to check them); NULL keeps them in the workspace. Must be NULL
+   * without gate_weight. */
+  void *router_logits;
 } moejit_moe_args;
 
 /* Bytes of workspace a forward of up to max_tokens tokens needs (a
@@ -217,7 +231,9 @@ MOEJIT_API moejit_status moejit_moe_workspace_size(const moejit_model *model, in
 
 /* Enqueues the layer on `stream`: route, align (2 or 3 launches), GEMM 1 +
  * SwiGLU, GEMM 2, combine; or, at decode sizes (moejit_moe_decode_layer),
- * two launches: route + GEMM 1 + SwiGLU, then GEMM 2 + combine. Each GEMM runs the tuned variant of the bucket
+ * two launches: route + GEMM 1 + SwiGLU, then GEMM 2 + combine. With
+ * args->gate_weight the router's logits are computed first, one launch
+ * more. Each GEMM runs the tuned variant of the bucket
  * nearest to T when the load found one (else the heuristic configuration;
  * also when the variant's launch plan does not hold at this T, e.g. a grid
  * too large): moejit_model_gemm_choice says which. Checks every argument

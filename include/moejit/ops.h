@@ -70,6 +70,48 @@ MOEJIT_API void moejit_model_destroy(moejit_model *model);
 MOEJIT_API const moejit_spec *moejit_model_spec(const moejit_model *model);
 
 /* ------------------------------------------------------------------------ */
+/* Router logits: x and the router's weight -> logits                       */
+/* ------------------------------------------------------------------------ */
+/* logits[t, e] = sum_i x[t, i] * gate_weight[e, i], summed in fp32 and
+ * rounded to spec.logits_dtype once (nn.Linear without a bias, the router
+ * of Mixtral, Qwen-MoE, OLMoE and DeepSeek). For callers that hold the
+ * router's weight instead of its logits; moejit_moe_forward runs it when
+ * given args->gate_weight. Up to MOEJIT_ROUTER_WARP_MAX_TOKENS tokens (a
+ * decode step) blocks of warps split each row; above, tensor-core tiles
+ * where x and the weight share fp16 or bf16 (else the warps at every T).
+ * A token's logits do not depend on the other tokens of the call within
+ * one form; the forms may differ in the last bits. docs/kernels.md,
+ * "Router logits". */
+/* Up to this many tokens the warps form runs. */
+#define MOEJIT_ROUTER_WARP_MAX_TOKENS 8
+
+typedef struct moejit_router_logits_args {
+  int64_t tokens;          /* T, 1 .. INT32_MAX / top_k */
+  const void *x;           /* [T, d] of spec.act_dtype; 16-byte aligned */
+  const void *gate_weight; /* [E, d] of spec.weight_dtype; 16-byte aligned */
+  void *logits;            /* out [T, E] of spec.logits_dtype; 16-byte aligned */
+  /* Optional scratch (NULL: none): moejit_router_logits_workspace_size
+   * bytes or more, 256-byte aligned, no initialization needed. With it, a
+   * call whose tensor-core tiles make at most half a wave splits d into parts
+   * that more blocks sum at once, and a second launch adds the parts in
+   * order (deterministic: the same T gives the same bits). */
+  void *workspace;
+  size_t workspace_bytes;
+} moejit_router_logits_args;
+
+/* One launch, two where the workspace lets d split. Needs the route
+ * kernels (moejit_model_load loads them). Thread-safe (with separate
+ * workspaces); never synchronizes. */
+MOEJIT_API moejit_status moejit_router_logits(const moejit_model *model,
+                                              const moejit_router_logits_args *args,
+                                              moejit_stream stream);
+
+/* The workspace moejit_router_logits can use, whatever T (a few MB: three
+ * tiles' sums per SM of the model's device). */
+MOEJIT_API moejit_status moejit_router_logits_workspace_size(const moejit_model *model,
+                                                             size_t *bytes);
+
+/* ------------------------------------------------------------------------ */
 /* Route: logits -> top-k expert ids and weights                            */
 /* ------------------------------------------------------------------------ */
 /* Per token, by the spec's routing rule (moejit_routing):

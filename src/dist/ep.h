@@ -41,11 +41,12 @@ void mj_ep_local_spec(const moejit_spec *global, int n_local, moejit_spec *out);
  * (byte offsets, 256-byte aligned), for T tokens on this rank, `send_rows`
  * rows sent to peers, `recv_rows` rows computed here (received plus this
  * rank's own), and the local layer's workspace for recv_rows tokens. The
- * first part (route results, masks, positions, counts) depends on T and
+ * first part (route results, masks, positions, counts, the router's logits
+ * when the forward computes them) depends on T and
  * world only: the exact mode fills it before it knows the row counts. */
 typedef struct mj_ep_layout {
   int64_t tokens, send_rows, recv_rows;
-  size_t ids, weights, mask, pos, counts, recv_counts, dropped_by_rank;
+  size_t ids, weights, mask, pos, counts, recv_counts, dropped_by_rank, logits, router_split;
   size_t head; /* end of the first part */
   size_t send_x, send_ids, send_w, recv_x, recv_ids, recv_w, partial, back, local_ws;
   size_t local_ws_bytes, total;
@@ -53,7 +54,7 @@ typedef struct mj_ep_layout {
 
 moejit_status mj_ep_layout_for(const moejit_spec *spec, int world, int64_t tokens,
                                int64_t send_rows, int64_t recv_rows, size_t local_ws_bytes,
-                               mj_ep_layout *out);
+                               size_t router_split_bytes, mj_ep_layout *out);
 
 /* Rows each rank sends and receives at most when every rank has at most
  * max_tokens tokens and the capacity (if any) is at most max_tokens. */

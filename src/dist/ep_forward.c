@@ -20,7 +20,8 @@ static moejit_status layout(const moejit_model *m, int64_t tokens, int64_t send_
     moejit_status st = moejit_moe_workspace_size(m->ep->local, recv_rows, &local_ws);
     if (st) return st;
   }
-  return mj_ep_layout_for(&m->spec, m->ep->place.world, tokens, send_rows, recv_rows, local_ws, l);
+  return mj_ep_layout_for(&m->spec, m->ep->place.world, tokens, send_rows, recv_rows, local_ws,
+                          MJ_ROUTER_SPLIT_BYTES(m->sm_count), l);
 }
 
 /* recv_rows * top_k must fit the local layer's int32 row indices. */
@@ -255,12 +256,20 @@ static moejit_status launch_front(const moejit_model *m, const moejit_moe_args *
                                   const mj_ep_layout *l, int32_t *ids, float *w,
                                   moejit_stream stream) {
   const mj_ep *ep = m->ep;
+  const void *logits = a->logits;
+  moejit_status st = MOEJIT_OK;
+  if (a->tokens > 0 && a->gate_weight) {
+    void *computed = a->router_logits ? a->router_logits : AT(ws, l->logits);
+    st = mj_router_logits_launch(m, a->tokens, a->x, a->gate_weight, computed,
+                                 AT(ws, l->router_split), stream);
+    logits = computed;
+  }
   moejit_route_args r = {.tokens = a->tokens,
-                         .logits = a->logits,
+                         .logits = logits,
                          .bias = a->route_bias,
                          .topk_ids = ids,
                          .topk_weights = w};
-  moejit_status st = a->tokens > 0 ? moejit_route(m, &r, stream) : MOEJIT_OK;
+  if (!st && a->tokens > 0) st = moejit_route(m, &r, stream);
   if (st) return st;
   const int32_t *owner = ep->d_maps;
   void *mask = AT(ws, l->mask), *pos = AT(ws, l->pos), *counts = AT(ws, l->counts);

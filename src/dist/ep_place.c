@@ -69,7 +69,8 @@ static size_t take(size_t *cursor, size_t bytes) {
 }
 
 moejit_status mj_ep_layout_for(const moejit_spec *s, int world, int64_t tokens, int64_t send_rows,
-                               int64_t recv_rows, size_t local_ws_bytes, mj_ep_layout *l) {
+                               int64_t recv_rows, size_t local_ws_bytes, size_t router_split_bytes,
+                               mj_ep_layout *l) {
   if (!s || !l || world < 1 || tokens < 0 || send_rows < 0 || recv_rows < 0)
     return mj_fail(MOEJIT_ERR_INTERNAL, "mj_ep_layout_for: bad arguments");
   memset(l, 0, sizeof *l);
@@ -87,6 +88,9 @@ moejit_status mj_ep_layout_for(const moejit_spec *s, int world, int64_t tokens, 
   l->counts = take(&c, W * 4);
   l->recv_counts = take(&c, W * 4);
   l->dropped_by_rank = take(&c, W * 4);
+  /* the router's logits, computed there when the forward gets gate_weight */
+  l->logits = take(&c, T * (size_t)s->experts * moejit_dtype_size(s->logits_dtype));
+  l->router_split = take(&c, router_split_bytes);
   l->head = c;
   l->send_x = take(&c, S * d * act);
   l->send_ids = take(&c, S * k * 4);

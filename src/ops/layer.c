@@ -84,7 +84,7 @@ moejit_status moejit_model_load_config(moejit_ctx *ctx, const char *config_or_pr
  * GEMM 1 has consumed xs by the time GEMM 2 writes y. */
 typedef struct ws_layout {
   size_t ids, weights, counts, offsets, sorted_slot, row_of, tile_expert, tile_row_start, num_tiles,
-      align_ws, xs_y, h, decode_counters, gemm_sync, split, total;
+      align_ws, xs_y, h, decode_counters, gemm_sync, split, logits, router_split, total;
   size_t align_bytes, split_bytes;
 } ws_layout;
 
@@ -105,6 +105,9 @@ static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout
   size_t c = 0;
   l->ids = take(&c, entries * 4);
   l->weights = take(&c, entries * 4);
+  /* the router's logits, computed there when the forward gets gate_weight */
+  l->logits = take(&c, (size_t)tokens * E * moejit_dtype_size(s->logits_dtype));
+  l->router_split = take(&c, MJ_ROUTER_SPLIT_BYTES(m->sm_count)); /* its parts' sums */
   l->counts = take(&c, E * 4);
   l->offsets = take(&c, (E + 1) * 4);
   l->sorted_slot = take(&c, entries * 4);
@@ -176,7 +179,9 @@ moejit_status mj_moe_check_pointers(const moejit_model *m, const moejit_moe_args
     size_t align;
     int optional;
   } fields[] = {{"args->x", a->x, 16, 0},
-                {"args->logits", a->logits, 16, 0},
+                {"args->logits", a->logits, 16, 1},
+                {"args->gate_weight", a->gate_weight, 16, 1},
+                {"args->router_logits", a->router_logits, 16, 1},
                 {"args->route_bias", a->route_bias, 16, 1},
                 {"args->w1", a->w1, 16, 0},
                 {"args->w2", a->w2, 16, 0},
@@ -190,6 +195,18 @@ moejit_status mj_moe_check_pointers(const moejit_model *m, const moejit_moe_args
                            : mj_check_ptr(m, op, fields[i].name, fields[i].ptr, fields[i].align);
     if (st) return st;
   }
+  if (!a->logits == !a->gate_weight)
+    return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                    "%s: args->logits and args->gate_weight are both %s; HINT: "
+                                    "pass the router's logits [T, E], or its weight [E, d] "
+                                    "with logits NULL, and the forward computes them",
+                                    op, a->logits ? "set" : "NULL"));
+  if (a->router_logits && !a->gate_weight)
+    return mj_model_fail(m, mj_fail(MOEJIT_ERR_INVALID_ARGUMENT,
+                                    "%s: args->router_logits is set without args->gate_weight; "
+                                    "HINT: it receives the logits the forward computes from "
+                                    "gate_weight: leave it NULL when you pass logits",
+                                    op));
   return MOEJIT_OK;
 }
 
@@ -522,8 +539,9 @@ static moejit_status decode_kernel(const moejit_model *m, const mj_gemm_choice *
   return moejit_ctx_get_kernel(m->ctx, ks, c->plan.family, entry, k);
 }
 
-static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args *a, int32_t *ids,
-                                   float *weights, const ws_layout *l, const gemm_choices *c,
+static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args *a,
+                                   const void *logits, int32_t *ids, float *weights,
+                                   const ws_layout *l, const gemm_choices *c,
                                    moejit_stream stream) {
   const moejit_spec *s = &m->spec;
   moejit_kernel *k1, *k2;
@@ -531,7 +549,7 @@ static moejit_status launch_decode(const moejit_model *m, const moejit_moe_args 
   moejit_status st = decode_kernel(m, &c->gemm[0], 1, mj_decode_entry(1, pair), &k1);
   if (!st) st = decode_kernel(m, &c->gemm[1], 2, mj_decode_entry(2, pair), &k2);
   if (st) return mj_model_fail(m, mj_fail_prefix(st, "moejit_moe_forward"));
-  const void *x = a->x, *logits = a->logits, *bias = a->route_bias, *w1 = a->w1, *w2 = a->w2;
+  const void *x = a->x, *bias = a->route_bias, *w1 = a->w1, *w2 = a->w2;
   void *h = AT(a->workspace, l->h), *out = a->out, *part = AT(a->workspace, l->xs_y);
   void *counters = AT(a->workspace, l->decode_counters);
   int tokens = (int)a->tokens;
@@ -563,10 +581,18 @@ moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_arg
   void *ws = args->workspace;
   int32_t *ids = args->topk_ids ? args->topk_ids : AT(ws, l.ids);
   float *weights = args->topk_weights ? args->topk_weights : AT(ws, l.weights);
+  const void *logits = args->logits;
+  if (args->gate_weight) { /* the router's logits first: one launch more */
+    void *computed = args->router_logits ? args->router_logits : AT(ws, l.logits);
+    st = mj_router_logits_launch(model, args->tokens, args->x, args->gate_weight, computed,
+                                 AT(ws, l.router_split), stream);
+    if (st) return mj_model_fail(model, st);
+    logits = computed;
+  }
   if (mj_moe_decode_ok(&model->spec, args->tokens, &choices.gemm[0], &choices.gemm[1]))
-    return launch_decode(model, args, ids, weights, &l, &choices, stream);
+    return launch_decode(model, args, logits, ids, weights, &l, &choices, stream);
   moejit_route_args r = {.tokens = args->tokens,
-                         .logits = args->logits,
+                         .logits = logits,
                          .bias = args->route_bias,
                          .topk_ids = ids,
                          .topk_weights = weights};

@@ -25,6 +25,12 @@ typedef struct kernel_entry {
 
 static const kernel_entry kernel_entries[] = {
     {MJ_OPS_ROUTE, "route", "moejit_route_topk", offsetof(moejit_model, route_topk)},
+    {MJ_OPS_ROUTE, "route", "moejit_router_logits_warps",
+     offsetof(moejit_model, router_logits_warps)},
+    {MJ_OPS_ROUTE, "route", "moejit_router_logits_mma", offsetof(moejit_model, router_logits_mma)},
+    {MJ_OPS_ROUTE, "route", "moejit_router_logits_mma_wide",
+     offsetof(moejit_model, router_logits_mma_wide)},
+    {MJ_OPS_ROUTE, "route", "moejit_router_logits_sum", offsetof(moejit_model, router_logits_sum)},
     {MJ_OPS_ALIGN, "align", "moejit_align_count", offsetof(moejit_model, align_count)},
     {MJ_OPS_ALIGN, "align", "moejit_align_scan", offsetof(moejit_model, align_scan)},
     {MJ_OPS_ALIGN, "align", "moejit_align_scatter", offsetof(moejit_model, align_scatter)},

@@ -138,6 +138,8 @@ struct moejit_model {
   unsigned families; /* MJ_OPS_* loaded */
   int sm_count;
   CUfunction route_topk;
+  /* x . gate_weight^T (templates/route.cu) */
+  CUfunction router_logits_warps, router_logits_mma, router_logits_mma_wide, router_logits_sum;
   CUfunction align_count, align_scan, align_scatter;
   CUfunction align_count_scan;   /* count + scan fused, for one chunk */
   CUfunction align_scan_scatter; /* scan + scatter fused, for a few chunks */
@@ -249,6 +251,37 @@ typedef struct mj_combine_tidy {
 /* moejit_combine with `tidy` (NULL: none, as moejit_combine). */
 moejit_status mj_combine_tidied(const moejit_model *model, const moejit_combine_args *args,
                                 const mj_combine_tidy *tidy, moejit_stream stream);
+
+/* The router logits' launch shapes (templates/route.cu): the warps form's
+ * block (256 threads; up to 8 tokens and 4 experts an item), the
+ * tensor-core tiles (tokens x experts, threads) and their dynamic shared
+ * memory (stages x (rows + columns) x 64 two-byte elements). */
+#define MJ_ROUTER_THREADS 256
+#define MJ_ROUTER_TOKENS 8
+#define MJ_ROUTER_EXPERTS 4
+#define MJ_ROUTER_TILE_TOKENS 32
+#define MJ_ROUTER_TILE_EXPERTS 64
+#define MJ_ROUTER_TILE_THREADS 128
+#define MJ_ROUTER_TILE_SMEM (8 * (32 + 64) * 64 * 2)
+#define MJ_ROUTER_WIDE_TOKENS 128
+#define MJ_ROUTER_WIDE_EXPERTS 128
+#define MJ_ROUTER_WIDE_THREADS 256
+#define MJ_ROUTER_WIDE_SMEM (3 * (128 + 128) * 64 * 2)
+/* Up to this many tokens the warps form runs; above, the tensor-core form
+ * where the types allow it. */
+#define MJ_ROUTER_GEMV_MAX_TOKENS MOEJIT_ROUTER_WARP_MAX_TOKENS
+
+/* The split's scratch: sums of at most three 32 x 64 tiles per SM. */
+#define MJ_ROUTER_SPLIT_BYTES(sms) ((size_t)3 * (size_t)(sms)*32 * 64 * 4)
+
+/* 1 when a call of `tokens` tokens runs the tensor-core form. */
+int mj_router_logits_mma(const moejit_spec *spec, int64_t tokens);
+
+/* logits = x . gate_weight^T (arguments already checked); split: NULL, or
+ * MJ_ROUTER_SPLIT_BYTES(model->sm_count) of scratch. */
+moejit_status mj_router_logits_launch(const moejit_model *model, int64_t tokens, const void *x,
+                                      const void *gate_weight, void *logits, void *split,
+                                      moejit_stream stream);
 
 /* ---- argument checks (check.c); each failure records a message --------- */
 

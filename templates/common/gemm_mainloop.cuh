@@ -187,14 +187,16 @@ __device__ __forceinline__ void mj_gemm_tile_mma(unsigned stage_a, unsigned stag
   }
 }
 
-// The whole K loop of one CTA tile: acc = A_tile * B_tile^T, summed over K.
-// Leaves no copies in flight and shared memory free for reuse.
+// The K loop of one CTA tile over k-tiles [kt0, kt1): acc = A_tile *
+// B_tile^T, summed over those k. Leaves no copies in flight and shared
+// memory free for reuse.
 template <class S, int K, typename T, class LA, class LB>
-__device__ __forceinline__ void mj_gemm_mainloop(const LA &la, const T *a_base, const LB &lb,
-                                                 const T *b_base, unsigned smem,
-                                                 const mj_warp_pos &p,
-                                                 float (&acc)[S::kMi][S::kNi][4]) {
-  constexpr int kTiles = (K + S::kTK - 1) / S::kTK;
+__device__ __forceinline__ void mj_gemm_mainloop_range(const LA &la, const T *a_base, const LB &lb,
+                                                       const T *b_base, unsigned smem,
+                                                       const mj_warp_pos &p,
+                                                       float (&acc)[S::kMi][S::kNi][4], int kt0,
+                                                       int kt1) {
+  const int kTiles = kt1 - kt0;  // the loop counts from 0; the copies take k-tile kt0 + i
   const unsigned smem_b = smem + S::kStages * S::kStageBytesA;
 #pragma unroll
   for (int mi = 0; mi < S::kMi; ++mi)
@@ -208,8 +210,8 @@ __device__ __forceinline__ void mj_gemm_mainloop(const LA &la, const T *a_base, 
 #pragma unroll
   for (int s = 0; s < S::kStages - 1; ++s) {
     if (s < kTiles) {
-      la.copy(smem + s * S::kStageBytesA, a_base, s * S::kTK);
-      lb.copy(smem_b + s * S::kStageBytesB, b_base, s * S::kTK);
+      la.copy(smem + s * S::kStageBytesA, a_base, (kt0 + s) * S::kTK);
+      lb.copy(smem_b + s * S::kStageBytesB, b_base, (kt0 + s) * S::kTK);
     }
     mj_cp_async_commit();
   }
@@ -223,8 +225,8 @@ __device__ __forceinline__ void mj_gemm_mainloop(const LA &la, const T *a_base, 
     __syncthreads();
     const int next = kt + S::kStages - 1;
     if (next < kTiles) {
-      la.copy(smem + write * S::kStageBytesA, a_base, next * S::kTK);
-      lb.copy(smem_b + write * S::kStageBytesB, b_base, next * S::kTK);
+      la.copy(smem + write * S::kStageBytesA, a_base, (kt0 + next) * S::kTK);
+      lb.copy(smem_b + write * S::kStageBytesB, b_base, (kt0 + next) * S::kTK);
     }
     mj_cp_async_commit();
     mj_gemm_tile_mma<S, T>(smem + read * S::kStageBytesA, smem_b + read * S::kStageBytesB, p, acc);
@@ -233,6 +235,15 @@ __device__ __forceinline__ void mj_gemm_mainloop(const LA &la, const T *a_base, 
   }
   mj_cp_async_wait<0>();
   __syncthreads();
+}
+
+// The whole K loop of one CTA tile: acc = A_tile * B_tile^T, summed over K.
+template <class S, int K, typename T, class LA, class LB>
+__device__ __forceinline__ void mj_gemm_mainloop(const LA &la, const T *a_base, const LB &lb,
+                                                 const T *b_base, unsigned smem,
+                                                 const mj_warp_pos &p,
+                                                 float (&acc)[S::kMi][S::kNi][4]) {
+  mj_gemm_mainloop_range<S, K>(la, a_base, lb, b_base, smem, p, acc, 0, (K + S::kTK - 1) / S::kTK);
 }
 
 // Sums the k-split warps' partial tiles into the kWarpsK == 0 warps, in a

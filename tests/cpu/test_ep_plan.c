@@ -139,16 +139,29 @@ Test(ep_plan, layout_regions_are_aligned_disjoint_and_sized) {
     const int64_t S = (int64_t)(ts_next(&r) % (uint64_t)(W * T + 1));
     const int64_t R = (int64_t)(ts_next(&r) % (uint64_t)(W * T + 1));
     const size_t local = (size_t)(ts_next(&r) % 100000000);
+    const size_t split = (size_t)(ts_next(&r) % 4000000); /* the router's parts */
     mj_ep_layout l;
-    cr_assert_eq(mj_ep_layout_for(&s, W, T, S, R, local, &l), MOEJIT_OK);
+    cr_assert_eq(mj_ep_layout_for(&s, W, T, S, R, local, split, &l), MOEJIT_OK);
     const size_t k = (size_t)s.top_k, d = (size_t)s.hidden;
     const struct {
       size_t at, bytes;
-    } reg[] = {{l.ids, T * k * 4},      {l.weights, T * k * 4},  {l.mask, T * 8},
-               {l.pos, W * T * 4},      {l.counts, W * 4},       {l.recv_counts, W * 4},
-               {l.dropped_by_rank, W * 4}, {l.send_x, S * d * 2}, {l.send_ids, S * k * 4},
-               {l.send_w, S * k * 4},   {l.recv_x, R * d * 2},   {l.recv_ids, R * k * 4},
-               {l.recv_w, R * k * 4},   {l.partial, R * d * 2},  {l.back, S * d * 2},
+    } reg[] = {{l.ids, T * k * 4},
+               {l.weights, T * k * 4},
+               {l.mask, T * 8},
+               {l.pos, W * T * 4},
+               {l.counts, W * 4},
+               {l.recv_counts, W * 4},
+               {l.dropped_by_rank, W * 4},
+               {l.logits, T * s.experts * 4},
+               {l.router_split, split},
+               {l.send_x, S * d * 2},
+               {l.send_ids, S * k * 4},
+               {l.send_w, S * k * 4},
+               {l.recv_x, R * d * 2},
+               {l.recv_ids, R * k * 4},
+               {l.recv_w, R * k * 4},
+               {l.partial, R * d * 2},
+               {l.back, S * d * 2},
                {l.local_ws, local}};
     for (size_t i = 0; i < sizeof reg / sizeof *reg; i++) {
       cr_assert_eq(reg[i].at % 256, 0, "region %zu misaligned", i);
@@ -156,11 +169,11 @@ Test(ep_plan, layout_regions_are_aligned_disjoint_and_sized) {
       const size_t next = i + 1 < sizeof reg / sizeof *reg ? reg[i + 1].at : l.total;
       cr_assert_leq(end, next, "region %zu overlaps the next", i);
     }
-    cr_assert_leq(l.dropped_by_rank + W * 4, l.head, "the front part ends at head");
+    cr_assert_leq(l.router_split + split, l.head, "the front part ends at head");
     cr_assert_eq(l.head, l.send_x);
     /* the front part depends on T and W only */
     mj_ep_layout z;
-    cr_assert_eq(mj_ep_layout_for(&s, W, T, 0, 0, 0, &z), MOEJIT_OK);
+    cr_assert_eq(mj_ep_layout_for(&s, W, T, 0, 0, 0, split, &z), MOEJIT_OK);
     cr_assert_eq(z.head, l.head);
     cr_assert_eq(z.pos, l.pos);
   }

@@ -53,6 +53,7 @@ typedef struct one_rank {
   lg_weights w;
   lg_periodic px;
   void *x, *logits, *out, *ws_ep, *ws_1, *dropped;
+  void *gate, *rl; /* the router's weight [E, d]; logits it gives [max_t, E] */
   size_t ws_ep_bytes, ws_1_bytes;
   int64_t max_t;
 } one_rank;
@@ -107,10 +108,17 @@ static void one_rank_make(one_rank *r, const char *preset, int64_t max_t) {
   r->ws_ep = ops_alloc(r->ws_ep_bytes);
   r->ws_1 = ops_alloc(r->ws_1_bytes);
   r->dropped = ops_alloc(4);
+  lg_periodic gate;
+  lg_periodic_make(&gate, r->s->weight_dtype, 0.05, &rng);
+  const size_t ge = (size_t)r->s->experts * d;
+  r->gate = ops_alloc(ge * moejit_dtype_size(r->s->weight_dtype));
+  lg_periodic_fill(&gate, r->gate, ge);
+  lg_periodic_free(&gate);
+  r->rl = ops_alloc(sizeof(float) * (size_t)max_t * r->s->experts);
 }
 
 static void one_rank_free(one_rank *r) {
-  void *b[] = {r->x, r->logits, r->out, r->ws_ep, r->ws_1, r->dropped};
+  void *b[] = {r->x, r->logits, r->out, r->ws_ep, r->ws_1, r->dropped, r->gate, r->rl};
   for (size_t i = 0; i < sizeof b / sizeof *b; i++) ops_free(b[i]);
   lg_weights_free(&r->w);
   lg_periodic_free(&r->px);
@@ -180,6 +188,29 @@ static void one_rank_bitwise(const int64_t *ts, size_t n_ts) {
     void *replay = forward(&r, r.ep, &ac, g);
     cr_assert_eq(memcmp(ref, replay, bytes), 0, "T=%lld: graph replay differs", (long long)t);
     moejit_graph_destroy(ops_ctx(), g);
+    /* the router's weight instead of its logits: the same bits as one GPU
+     * given it, exact and at capacity; the same logits out */
+    moejit_moe_args g1 = args_for(&r, 0, t, 0), ge = args_for(&r, 1, t, 0);
+    g1.logits = ge.logits = NULL;
+    g1.gate_weight = ge.gate_weight = r.gate;
+    g1.router_logits = r.rl;
+    void *ref_g = forward(&r, r.single, &g1, NULL);
+    const size_t lb = sizeof(float) * (size_t)t * r.s->experts;
+    float *rl1 = malloc(lb), *rle = malloc(lb);
+    cr_assert(rl1 && rle);
+    ops_download(rl1, r.rl, lb);
+    ops_poison(r.rl, lb, OPS_POISON_NAN);
+    ge.router_logits = r.rl;
+    void *exact_g = forward(&r, r.ep, &ge, NULL);
+    ops_download(rle, r.rl, lb);
+    cr_assert_eq(memcmp(ref_g, exact_g, bytes), 0, "T=%lld: gate weight: exact differs",
+                 (long long)t);
+    cr_assert_eq(memcmp(rl1, rle, lb), 0, "T=%lld: gate weight: the logits differ", (long long)t);
+    ge.ep_capacity = t, ge.router_logits = NULL;
+    void *cap_g = forward(&r, r.ep, &ge, NULL);
+    cr_assert_eq(memcmp(ref_g, cap_g, bytes), 0, "T=%lld: gate weight: capacity differs",
+                 (long long)t);
+    free(ref_g), free(exact_g), free(cap_g), free(rl1), free(rle);
     /* capacity below T: tokens past it are dropped, and counted */
     if (t > 1) {
       moejit_moe_args small = args_for(&r, 1, t, t / 2);

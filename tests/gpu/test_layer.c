@@ -639,6 +639,126 @@ Test(layer, decode_layer_matches_reference_and_unfused) {
   }
 }
 
+/* ---- the router's weight instead of its logits ---------------------------------- */
+
+/* A forward given args->gate_weight: the logits it computes (router_logits)
+ * against float64 x . gate^T; its output against the layer reference routed
+ * by those logits; the same forward given them as args->logits, and given
+ * gate_weight without router_logits (the workspace keeps them), the same
+ * bits; graph replay the same bits as eager. T = 1 and 7 run the decode
+ * layer (qwen3-shaped: k = 8), 65 and 300 the chain with the router's
+ * tensor-core form; the deepseek-shaped case routes by sigmoid with a bias,
+ * from bf16 logits. */
+Test(layer, gate_weight_computes_the_logits) {
+  OPS_REQUIRE_GPU();
+  ts_rng rng = ts_rng_fresh("layer gate weight");
+  const struct {
+    const char *preset;
+    int64_t hidden, width;
+    int top_k;
+    moejit_dtype logits;
+  } cases[] = {{"qwen3-30b-a3b", 2048, 768, 8, MOEJIT_DTYPE_FP32},
+               {"deepseek-v3", 1024, 256, 8, MOEJIT_DTYPE_BF16}};
+  static const int64_t sizes[] = {1, 7, 65, 300};
+  moejit_stream stream = NULL;
+  OPS_OK(moejit_stream_create(ops_ctx(), &stream));
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    moejit_spec s;
+    decode_spec(cases[c].preset, cases[c].hidden, cases[c].width, cases[c].top_k, MOEJIT_DTYPE_BF16,
+                MOEJIT_DTYPE_BF16, &s);
+    s.logits_dtype = cases[c].logits;
+    cr_assert_eq(moejit_spec_validate(&s), MOEJIT_OK, "%s", moejit_last_error());
+    moejit_model *m = load_heuristic(&s);
+    layer_io io;
+    io_make(&io, m, 300, &rng);
+    const int64_t d = s.hidden, E = s.experts;
+    const size_t lsz = moejit_dtype_size(s.logits_dtype), wsz = moejit_dtype_size(s.weight_dtype);
+    /* the router's weight, logits of about unit size (x is in [-1, 1]) */
+    float *gate = malloc(sizeof(float) * (size_t)(E * d));
+    void *gate_bits = malloc(wsz * (size_t)(E * d));
+    cr_assert(gate && gate_bits);
+    const double amp = 3.0 / sqrt((double)d);
+    for (int64_t i = 0; i < E * d; i++) gate[i] = (float)ts_uniform(&rng, -amp, amp);
+    ref_pack(s.weight_dtype, gate, gate_bits, (size_t)(E * d));
+    ref_unpack(s.weight_dtype, gate_bits, gate, (size_t)(E * d));
+    void *d_gate = ops_alloc(wsz * (size_t)(E * d)), *d_rl = ops_alloc(lsz * (size_t)(300 * E));
+    ops_upload(d_gate, gate_bits, wsz * (size_t)(E * d));
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+      const int64_t t = sizes[i];
+      const size_t nk = (size_t)t * s.top_k, ob = out_bytes(&io, t), nl = (size_t)(t * E);
+      char what[160];
+      snprintf(what, sizeof what, "%s-shaped, gate weight, T=%lld (%s)", cases[c].preset,
+               (long long)t, moejit_moe_decode_layer(m, t) ? "decode layer" : "chain");
+      void *out_g = malloc(ob), *out_l = malloc(ob), *out_w = malloc(ob),
+           *rl_bits = malloc(lsz * nl);
+      void *x_bits = malloc(moejit_dtype_size(s.act_dtype) * (size_t)(t * d));
+      float *x = malloc(sizeof(float) * (size_t)(t * d)), *w = malloc(sizeof(float) * nk);
+      int32_t *ids = malloc(sizeof(int32_t) * nk);
+      cr_assert(out_g && out_l && out_w && rl_bits && x_bits && x && w && ids);
+      /* 1. gate_weight, logits out */
+      ops_poison(io.d_out, ob, OPS_POISON_NAN);
+      ops_poison(d_rl, lsz * (size_t)(300 * E) / 4 * 4, OPS_POISON_NAN);
+      ops_poison(io.d_ids, nk * 4, OPS_POISON_INT);
+      ops_sync();
+      moejit_moe_args a = io_args(&io, t);
+      a.logits = NULL, a.gate_weight = d_gate, a.router_logits = d_rl;
+      OPS_OK(moejit_moe_forward(m, &a, stream));
+      OPS_OK(moejit_stream_synchronize(ops_ctx(), stream));
+      ops_download(out_g, io.d_out, ob);
+      ops_download(ids, io.d_ids, nk * 4);
+      ops_download(w, io.d_weights, nk * 4);
+      ops_download(rl_bits, d_rl, lsz * nl);
+      /* the logits against float64 */
+      lg_periodic_read(&io.px, 0, (size_t)(t * d), x_bits);
+      ref_unpack(s.act_dtype, x_bits, x, (size_t)(t * d));
+      ref_unpack(s.logits_dtype, rl_bits, io.logits, nl);
+      double num = 0, den = 0;
+      for (int64_t r = 0; r < t; r++)
+        for (int64_t e = 0; e < E; e++) {
+          double ref = 0;
+          for (int64_t k = 0; k < d; k++) ref += (double)x[r * d + k] * gate[e * d + k];
+          const double v = io.logits[r * E + e];
+          cr_assert(isfinite(v), "%s: logit (%lld, %lld) not written", what, (long long)r,
+                    (long long)e);
+          num += (v - ref) * (v - ref), den += ref * ref;
+        }
+      const double rtol = s.logits_dtype == MOEJIT_DTYPE_FP32 ? 1e-5 : 1e-2;
+      cr_expect(sqrt(num / den) <= rtol, "%s: logits rel error %.3g", what, sqrt(num / den));
+      /* the output, routed by those logits */
+      check_output(&io, t, out_g, ids, w, &rng, what);
+      /* 2. the same logits given: the same bits */
+      ops_upload(io.d_logits, rl_bits, lsz * nl);
+      run_eager(&io, t, stream, out_l, NULL, NULL);
+      cr_expect(memcmp(out_g, out_l, ob) == 0, "%s: differs from the layer given its logits", what);
+      /* 3. gate_weight without router_logits */
+      a.router_logits = NULL;
+      ops_poison(io.d_out, ob, OPS_POISON_NAN);
+      ops_sync();
+      OPS_OK(moejit_moe_forward(m, &a, stream));
+      OPS_OK(moejit_stream_synchronize(ops_ctx(), stream));
+      ops_download(out_w, io.d_out, ob);
+      cr_expect(memcmp(out_g, out_w, ob) == 0, "%s: differs with the logits in the workspace",
+                what);
+      /* 4. graph replay */
+      moejit_graph *g = NULL;
+      OPS_OK(moejit_graph_begin_capture(ops_ctx(), stream));
+      const moejit_status fwd = moejit_moe_forward(m, &a, stream);
+      OPS_OK(moejit_graph_end_capture(ops_ctx(), stream, &g));
+      cr_assert_eq(fwd, MOEJIT_OK, "%s: forward inside a capture: %s", what, moejit_last_error());
+      replay_into(&io, g, stream, ob, out_w);
+      cr_expect(memcmp(out_g, out_w, ob) == 0, "%s: graph replay differs from eager", what);
+      moejit_graph_destroy(ops_ctx(), g);
+      free(out_g), free(out_l), free(out_w), free(rl_bits), free(x_bits), free(x), free(w);
+      free(ids);
+    }
+    ops_free(d_gate), ops_free(d_rl);
+    free(gate), free(gate_bits);
+    io_free(&io);
+    moejit_model_destroy(m);
+  }
+  OPS_OK(moejit_stream_destroy(ops_ctx(), stream));
+}
+
 /* ---- GEMM 1 reading x in place --------------------------------------------------- */
 
 /* Two eager forwards of t tokens, the first with $env set to `base`, the
@@ -770,6 +890,12 @@ Test(layer, bad_arguments_are_refused_before_launching) {
 #define REFUSE(field, change) (a = good, (change), expect_refused(m, &a, field, &io))
   REFUSE("x", a.x = NULL);
   REFUSE("logits", a.logits = NULL);
+  /* the router's weight: instead of the logits, never with them */
+  REFUSE("gate_weight", a.gate_weight = io.d_x);
+  REFUSE("gate_weight", (a.logits = NULL, a.gate_weight = (const char *)io.d_x + 8));
+  REFUSE("router_logits", a.router_logits = io.d_out);
+  REFUSE("router_logits",
+         (a.logits = NULL, a.gate_weight = io.d_x, a.router_logits = (char *)io.d_out + 4));
   REFUSE("w1", a.w1 = NULL);
   REFUSE("w2", a.w2 = NULL);
   REFUSE("out", a.out = (char *)a.out + 2);
