@@ -1087,13 +1087,94 @@ static int smoke_test(void) {
   return bad;
 }
 
+/* ---- --router: the router's logits beside cuBLAS --------------------------- */
+
+/* logits [T, E] = x [T, d] . gate [E, d]^T of one preset's shape: ours
+ * (moejit_router_logits, fp32 logits) and one cublasGemmEx of the same
+ * shape (bf16 out), inputs rotating over sets until they pass L2. */
+typedef struct router_run {
+  moejit_model *model;
+  moejit_stream stream; /* the peers' too */
+  int64_t tokens, experts, hidden;
+  void *x[MAX_SETS], *gate[MAX_SETS], *logits, *c_peer, *ws;
+  size_t ws_bytes;
+  int n_sets;
+} router_run;
+
+static int launch_router(void *state, int set, char *why) {
+  const router_run *r = state;
+  const moejit_router_logits_args a = {.tokens = r->tokens,
+                                       .x = r->x[set],
+                                       .gate_weight = r->gate[set],
+                                       .logits = r->logits,
+                                       .workspace = r->ws,
+                                       .workspace_bytes = r->ws_bytes};
+  if (moejit_router_logits(r->model, &a, r->stream) == MOEJIT_OK) return 0;
+  snprintf(why, PEER_WHY_MAX, "%s", moejit_last_error());
+  return -1;
+}
+
+static int launch_router_peer(void *state, int set, char *why) {
+  const router_run *r = state;
+  return peer_dense(g_peers, r->x[set], r->gate[set], r->c_peer, r->tokens, r->experts, r->hidden,
+                    MOEJIT_DTYPE_BF16, why);
+}
+
+static void bench_router(moejit_ctx *ctx, const char *name, const int64_t *tokens, int n_tokens,
+                         int iters, moejit_stream stream) {
+  moejit_spec s;
+  CHECK(moejit_spec_load_preset(name, &s));
+  router_run r = {.stream = stream, .experts = s.experts, .hidden = s.hidden};
+  CHECK(moejit_model_load(ctx, &s, &r.model));
+  CHECK(moejit_router_logits_workspace_size(r.model, &r.ws_bytes));
+  CHECK(moejit_mem_alloc(ctx, r.ws_bytes, NULL, &r.ws));
+  for (int i = 0; i < n_tokens; i++) {
+    r.tokens = tokens[i];
+    const size_t xb = (size_t)(r.tokens * r.hidden) * 2, gb = (size_t)(r.experts * r.hidden) * 2;
+    r.n_sets = (int)(ROTATE_BYTES / (double)(xb + gb)) + 1;
+    if (r.n_sets > MAX_SETS) r.n_sets = MAX_SETS;
+    for (int k = 0; k < r.n_sets; k++)
+      r.x[k] = dev_random(ctx, xb), r.gate[k] = dev_random(ctx, gb);
+    CHECK(moejit_mem_alloc(ctx, (size_t)(r.tokens * r.experts) * 4, NULL, &r.logits));
+    CHECK(moejit_mem_alloc(ctx, (size_t)(r.tokens * r.experts) * 2, NULL, &r.c_peer));
+    double ours[MAX_ROUNDS], peer[MAX_ROUNDS];
+    char why[PEER_WHY_MAX] = "", pwhy[PEER_WHY_MAX] = "";
+    for (int round = 0; round < g_rounds; round++) {
+      ours[round] = time_launches(ctx, launch_router, &r, r.n_sets, iters, stream, why);
+      peer[round] =
+          g_peers ? time_launches(ctx, launch_router_peer, &r, r.n_sets, iters, stream, pwhy) : NAN;
+    }
+    const double us = median_of(ours, g_rounds), peer_us = median_of(peer, g_rounds);
+    const double flops = 2.0 * (double)r.tokens * (double)r.experts * (double)r.hidden;
+    const double bytes = (double)(xb + gb) + (double)(r.tokens * r.experts) * 4;
+    const double floor_us = fmax(flops / PEAK_FLOPS, bytes / g_read_bytes_per_s) * 1e6;
+    char pc[32], sp[32];
+    printf("%-14s %6lld %4lld %6lld %-5s %9.1f %9s %9.1f %6.1f%% %8.1f %6.2f %8s\n", name,
+           (long long)r.tokens, (long long)r.experts, (long long)r.hidden,
+           r.tokens <= MOEJIT_ROUTER_WARP_MAX_TOKENS ? "warps" : "tiles", us,
+           cell(pc, sizeof pc, "%.1f", peer_us), floor_us, 100.0 * floor_us / us, flops / us * 1e-6,
+           bytes / us * 1e-6, cell(sp, sizeof sp, "%.2fx", peer_us / us));
+    if (isnan(us)) printf("# %s T=%lld: ours failed: %s\n", name, (long long)r.tokens, why);
+    if (g_peers && isnan(peer_us))
+      printf("# %s T=%lld: cuBLAS failed: %s\n", name, (long long)r.tokens, pwhy);
+    for (int k = 0; k < r.n_sets; k++) {
+      moejit_mem_free(ctx, r.x[k], NULL);
+      moejit_mem_free(ctx, r.gate[k], NULL);
+    }
+    moejit_mem_free(ctx, r.logits, NULL);
+    moejit_mem_free(ctx, r.c_peer, NULL);
+  }
+  moejit_mem_free(ctx, r.ws, NULL);
+  moejit_model_destroy(r.model);
+}
+
 static void usage(void) {
   printf(
       "usage: moejit_bench_gemm [--preset NAME]... [--tokens 1,32,...] [--iters N (>= 20)] "
       "[--rounds N]\n"
       "                         [--heat-ms MS] [--path auto|mma|wgmma|gemv|tuned|both|compare]\n"
       "                         [--routing uniform|balanced] [--read-tbps X] [--csv FILE] "
-      "[--smoke]\n"
+      "[--smoke] [--router]\n"
       "                         [--gemm1 M,N,K,STAGES,WARPS[,RASTER[,CLUSTER_M[,SCHEDULE"
       "[,CLUSTER_N]]]]]\n"
       "                         [--gemm2 ...]\n"
@@ -1124,13 +1205,16 @@ static void usage(void) {
       "--smoke runs one 64x64x64 tile of each GEMM on each path (and gemm1 wgmma gathering\n"
       "its rows from x) against a CPU reference and prints the max abs error and the first\n"
       "mismatches (exit 1 on any).\n"
+      "--router times the router's logits instead (x [T, d] . gate [E, d]^T,\n"
+      "moejit_router_logits with its workspace, fp32 logits) beside one cublasGemmEx of\n"
+      "the same shape (bf16 out), floor max(FLOPs / 750 TFLOP/s, bytes / 3.0 TB/s).\n"
       "Without a GPU it says so and exits 0.\n");
 }
 
 int main(int argc, char **argv) {
   const char *presets[8] = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"};
   const char *csv_path = NULL;
-  int n_presets = 3, n_tokens = 5, iters = 30, custom = 0, smoke = 0;
+  int n_presets = 3, n_tokens = 5, iters = 30, custom = 0, smoke = 0, router = 0;
   int64_t tokens[16] = {1, 32, 256, 2048, 16384};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) {
@@ -1184,6 +1268,8 @@ int main(int argc, char **argv) {
       csv_path = argv[++i];
     } else if (!strcmp(argv[i], "--smoke")) {
       smoke = 1;
+    } else if (!strcmp(argv[i], "--router")) {
+      router = 1;
     } else {
       usage();
       return strcmp(argv[i], "--help") ? 2 : 0;
@@ -1217,8 +1303,16 @@ int main(int argc, char **argv) {
   CHECK(moejit_mem_alloc(ctx, g_split_bytes, NULL, &g_split));
   CHECK(moejit_memset_d32(ctx, g_split, 0, g_split_bytes / 4, stream));
   make_chunk(MOEJIT_DTYPE_BF16);
-  for (int i = 0; i < n_presets; i++) bench_preset(ctx, presets[i], tokens, n_tokens, iters, stream);
-  print_table();
+  if (router) {
+    printf("\n%-14s %6s %4s %6s %-5s %9s %9s %9s %7s %8s %6s %8s\n", "preset", "T", "E", "d",
+           "form", "us", "cublas_us", "floor_us", "%floor", "TFLOP/s", "TB/s", "vs_cublas");
+    for (int i = 0; i < n_presets; i++)
+      bench_router(ctx, presets[i], tokens, n_tokens, iters, stream);
+  } else {
+    for (int i = 0; i < n_presets; i++)
+      bench_preset(ctx, presets[i], tokens, n_tokens, iters, stream);
+    print_table();
+  }
   peers_destroy(g_peers);
   moejit_mem_free(ctx, g_round_sync, NULL);
   moejit_mem_free(ctx, g_split, NULL);
