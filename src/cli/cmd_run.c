@@ -46,6 +46,10 @@ static void run_usage(FILE *f) {
           "                     just wrote) instead of this GPU's; with --vs-heuristic,\n"
           "                     what it gains or loses in the whole layer before it is\n"
           "                     installed\n"
+          "  --gate-weight      route from a random router weight [E, d] instead of\n"
+          "                     given logits: the layer computes the logits first\n"
+          "                     (moejit_router_logits, timed with the layer) and the check\n"
+          "                     compares them with float64 too\n"
           "  --cache-dir DIR    cache directory (default: $MOEJIT_CACHE_DIR, config, XDG/HOME)\n"
           "  --json             print one JSON object instead of tables\n"
           "\n"
@@ -155,6 +159,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
       a->json = 1;
     } else if (cli_flag(argv, i, "--vs-heuristic")) {
       a->vs_heuristic = 1;
+    } else if (cli_flag(argv, i, "--gate-weight")) {
+      a->gate_weight = 1;
     } else if ((rc = cli_positional(argv[i], &a->config, "run"))) {
       return rc;
     }
@@ -169,6 +175,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
   }
   if (a->ep && a->ceilings_given) {
     fprintf(stderr, "moejit: --ceilings applies to the one-GPU run; leave it out with --ep\n");
+    return CLI_EXIT_USAGE;
+  }
+  if (a->ep && a->gate_weight) {
+    fprintf(stderr, "moejit: --gate-weight applies to the one-GPU run; leave it out with --ep\n");
     return CLI_EXIT_USAGE;
   }
   if (a->ep && a->vs_heuristic) {

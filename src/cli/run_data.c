@@ -215,6 +215,24 @@ static double dot_periodic(const double *a, const double *block, size_t base, in
   return s;
 }
 
+double run_logits_error(const moejit_spec *s, const run_block *bx, const run_block *bg,
+                        const int64_t *tokens, size_t n, const double *got) {
+  const int64_t d = s->hidden, E = s->experts;
+  double *x = malloc(sizeof(double) * (size_t)d), err = 0, norm = 0;
+  if (!x) return 1.0 / 0.0;
+  for (size_t i = 0; i < n; i++) {
+    for (int64_t c = 0; c < d; c++)
+      x[c] = bx->values[(size_t)(tokens[i] * d + c) % RUN_BLOCK_ELEMS];
+    for (int64_t e = 0; e < E; e++) {
+      const double ref = dot_periodic(x, bg->values, (size_t)(e * d), d), v = got[i * E + e];
+      err += (v - ref) * (v - ref);
+      norm += ref * ref;
+    }
+  }
+  free(x);
+  return err <= 1.7e308 ? run_sqrt(err) / (norm > 0 ? run_sqrt(norm) : 1.0) : 1.0 / 0.0;
+}
+
 static void ref_token(const ref_job *j, size_t i, double *x, double *h) {
   const moejit_spec *s = j->s;
   const int64_t d = s->hidden, f = s->expert_width, t = j->tokens[i];

@@ -38,6 +38,12 @@ moejit_status run_fill_periodic(moejit_ctx *ctx, const run_block *b, void *scrat
  * evenly spaced values (exact in bf16), so top-k choices are clear. */
 float *run_make_logits(int64_t tokens, int experts, uint64_t seed);
 
+/* ||got - ref|| / ||ref|| of the router's logits of n tokens (got: [n, E],
+ * token tokens[i]'s row at i), ref = x . gate^T in float64 from the
+ * periodic blocks of x [T, d] and the gate weight [E, d]. */
+double run_logits_error(const moejit_spec *s, const run_block *bx, const run_block *bg,
+                        const int64_t *tokens, size_t n, const double *got);
+
 /* Packs n floats as dtype. */
 void run_pack(moejit_dtype dtype, const float *src, void *dst, size_t n);
 /* One stored element of dtype as double. */

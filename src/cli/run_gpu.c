@@ -27,7 +27,8 @@ typedef struct point {
   double need_bytes;
   double eager_ms, graph_ms, flops, weight_bytes, io_bytes, floor_ms, rel_err;
   double heur_ms, heur_rel_err; /* --vs-heuristic: the tables-off layer's graph time, check */
-  int active, checked, ok;
+  double logits_err;            /* --gate-weight: the router's logits against float64 */
+  int active, checked, logits_checked, ok;
   char problem[256];
 } point;
 
@@ -41,8 +42,8 @@ typedef struct gpu_state {
   moejit_device_info dev;
   moejit_stream stream;
   moejit_event ev0, ev1;
-  run_block bx, b1, b2;
-  void *w1, *w2, *scratch, *x, *logits, *out, *ws, *ids, *weights, *flush;
+  run_block bx, b1, b2, bg; /* bg: the router's weight (--gate-weight) */
+  void *w1, *w2, *scratch, *x, *logits, *out, *ws, *ids, *weights, *flush, *gate;
   size_t ws_bytes, free_after_weights, flush_bytes;
   int64_t max_tokens;
   point points[16];
@@ -134,7 +135,8 @@ static moejit_status make_weights(gpu_state *g) {
   size_t free_bytes = 0;
   moejit_status st = moejit_mem_get_info(g->ctx, &free_bytes, NULL);
   if (st) return st;
-  const double need = (double)(n1 + n2 + RUN_BLOCK_ELEMS) * ws;
+  const size_t ng = g->a->gate_weight ? (size_t)s->experts * (size_t)s->hidden : 0;
+  const double need = (double)(n1 + n2 + ng + RUN_BLOCK_ELEMS) * ws;
   if (need > MEM_FRACTION * (double)free_bytes) {
     fprintf(stderr, "moejit: the weights of %s need %.1f GiB; the GPU has %.1f GiB free\n", s->name,
             need / GIB, (double)free_bytes / GIB);
@@ -144,7 +146,11 @@ static moejit_status make_weights(gpu_state *g) {
   if (!run_block_make(&g->b1, s->weight_dtype, 1.0 / run_sqrt((double)s->hidden), 0x5eed0001) ||
       !run_block_make(&g->b2, s->weight_dtype, 1.0 / run_sqrt((double)s->expert_width),
                       0x5eed0002) ||
-      !run_block_make(&g->bx, s->act_dtype, 1.0, 0x5eed0003)) {
+      !run_block_make(&g->bx, s->act_dtype, 1.0, 0x5eed0003) ||
+      /* logits of about unit size: x in [-1, 1], the weight in [-a, a] with
+       * a = 3 / sqrt(d), so their variance is d * (1/3) * (a^2 / 3) = 1 */
+      (ng &&
+       !run_block_make(&g->bg, s->weight_dtype, 3.0 / run_sqrt((double)s->hidden), 0x5eed0005))) {
     fprintf(stderr, "moejit: out of host memory for the input blocks\n");
     g->reported = 1;
     return MOEJIT_ERR_OUT_OF_MEMORY;
@@ -158,6 +164,8 @@ static moejit_status make_weights(gpu_state *g) {
     return st;
   if ((st = run_fill_periodic(g->ctx, &g->b1, g->scratch, g->w1, n1, g->stream)) ||
       (st = run_fill_periodic(g->ctx, &g->b2, g->scratch, g->w2, n2, g->stream)) ||
+      (ng && ((st = alloc(g, ng * ws, &g->gate)) ||
+              (st = run_fill_periodic(g->ctx, &g->bg, g->scratch, g->gate, ng, g->stream)))) ||
       (st = moejit_stream_synchronize(g->ctx, g->stream)))
     return st;
   return moejit_mem_get_info(g->ctx, &g->free_after_weights, NULL);
@@ -229,6 +237,8 @@ static moejit_moe_args forward_args(const gpu_state *g, int64_t t) {
                        .workspace_bytes = g->ws_bytes,
                        .topk_ids = g->ids,
                        .topk_weights = g->weights};
+  if (g->gate) /* the layer computes the logits, into the logits buffer */
+    a.logits = NULL, a.gate_weight = g->gate, a.router_logits = g->logits;
   return a;
 }
 
@@ -372,6 +382,39 @@ static void check_sample(const gpu_state *g, int64_t t, const void *out, const i
              p->rel_err, n, tolerance(s));
 }
 
+/* --gate-weight: the logits the forward computed, of up to MAX_SAMPLES
+ * tokens spread over T, against float64 x . gate^T. */
+static moejit_status check_logits(const gpu_state *g, int64_t t, point *p) {
+  const moejit_spec *s = g->s;
+  const size_t n = t < MAX_SAMPLES ? (size_t)t : MAX_SAMPLES, E = (size_t)s->experts;
+  const size_t lsz = moejit_dtype_size(s->logits_dtype);
+  int64_t tok[MAX_SAMPLES] = {0};
+  void *rows = malloc(n * E * lsz);
+  double *got = malloc(sizeof(double) * n * E);
+  moejit_status st = rows && got ? MOEJIT_OK : MOEJIT_ERR_OUT_OF_MEMORY;
+  for (size_t i = 0; i < n && !st; i++) {
+    tok[i] = n == (size_t)t ? (int64_t)i : (int64_t)i * (t - 1) / (int64_t)(n - 1);
+    st = moejit_memcpy_dtoh(g->ctx, (char *)rows + i * E * lsz,
+                            (const char *)g->logits + (size_t)tok[i] * E * lsz, E * lsz, g->stream);
+  }
+  if (!st) st = moejit_stream_synchronize(g->ctx, g->stream);
+  if (!st) {
+    for (size_t i = 0; i < n * E; i++) got[i] = run_unpack_one(s->logits_dtype, rows, i);
+    p->logits_err = run_logits_error(s, &g->bx, &g->bg, tok, n, got);
+    p->logits_checked = (int)n;
+    /* fp32: sums of d products in fp32 on the tensor cores (deepseek-v3's
+     * d = 7168 read 7.4e-6 on an H100); 16-bit logits: their rounding */
+    const double tol = s->logits_dtype == MOEJIT_DTYPE_FP32 ? 1e-4 : 1e-2;
+    if (!(p->logits_err <= tol))
+      snprintf(p->problem, sizeof p->problem,
+               "router logits: relative error %.3g over %zu sampled tokens > %.0e", p->logits_err,
+               n, tol);
+  }
+  free(rows);
+  free(got);
+  return st;
+}
+
 /* Eager run of model m, downloads and checks; fills host_out for the graph
  * comparison. */
 static moejit_status eager_checked(gpu_state *g, moejit_model *m, point *p, void *host_out) {
@@ -387,7 +430,9 @@ static moejit_status eager_checked(gpu_state *g, moejit_model *m, point *p, void
   if (!st) st = moejit_memcpy_dtoh(g->ctx, ids, g->ids, n_ids * 4, g->stream);
   if (!st) st = moejit_memcpy_dtoh(g->ctx, w, g->weights, n_ids * 4, g->stream);
   if (!st) st = moejit_stream_synchronize(g->ctx, g->stream);
-  if (!st && check_routing(g, t, ids, w, p)) check_sample(g, t, host_out, ids, w, p);
+  if (!st && g->gate && m == g->model) st = check_logits(g, t, p);
+  if (!st && !p->problem[0] && check_routing(g, t, ids, w, p))
+    check_sample(g, t, host_out, ids, w, p);
   free(ids);
   free(w);
   return st;
@@ -507,6 +552,7 @@ static void print_text(const gpu_state *g) {
   printf("%7s %10s %10s %8s %7s %10s %7s %7s %8s", "T", "eager ms", "graph ms", "TFLOP/s", "W TB/s",
          "floor ms", "% floor", "experts", "rel err");
   if (g->heur) printf(" %10s %8s", "heur ms", "vs heur");
+  if (g->gate) printf(" %9s", "logit err");
   printf("  %s\n", "check");
   for (int i = 0; i < g->n_points; i++) {
     const point *p = &g->points[i];
@@ -523,6 +569,10 @@ static void print_text(const gpu_state *g) {
     else
       printf(" %8s", "n/a"); /* the check did not get as far as the sums */
     if (g->heur) printf(" %10.4f %7.3fx", p->heur_ms, p->heur_ms / p->graph_ms);
+    if (g->gate && p->logits_checked)
+      printf(" %9.1e", p->logits_err);
+    else if (g->gate)
+      printf(" %9s", "n/a");
     printf("  %s\n", p->ok ? "ok" : p->problem);
   }
   printf(
@@ -535,6 +585,11 @@ static void print_text(const gpu_state *g) {
       g->a->ceil_tflops, g->a->ceil_tbps, g->a->ceilings_given ? " (--ceilings)" : "", g->a->iters,
       WARMUPS, g->a->flush_plain ? "plain: evict_last lines stay" : "evict_last lines demoted",
       MAX_SAMPLES);
+  if (g->gate)
+    printf(
+        "router: from a random router weight [E, d] (args.gate_weight): the layer computes "
+        "the logits first (moejit_router_logits), inside the times above; logit err: those "
+        "of the sampled tokens against float64 x . gate^T.\n");
   if (g->heur)
     printf(
         "heur ms: the same layer loaded with tuned tables off (the heuristic's tiles at every "
@@ -572,7 +627,7 @@ static void print_choices_json(const gpu_state *g) {
   printf("]");
 }
 
-static void print_point_json(const point *p, int vs_heuristic) {
+static void print_point_json(const point *p, int vs_heuristic, int gate) {
   printf("{\"tokens\":%lld,\"skipped\":%s", (long long)p->tokens, p->skipped ? "true" : "false");
   if (!p->skipped) {
     printf(
@@ -586,6 +641,13 @@ static void print_point_json(const point *p, int vs_heuristic) {
       printf("%.3e", p->rel_err <= 1.7e308 ? p->rel_err : -1.0);
     else
       printf("null");
+    if (gate) {
+      printf(",\"logits_rel_err\":");
+      if (p->logits_checked)
+        printf("%.3e", p->logits_err <= 1.7e308 ? p->logits_err : -1.0);
+      else
+        printf("null");
+    }
     printf(",\"ok\":%s,\"problem\":", p->ok ? "true" : "false");
     cli_json_str(stdout, p->problem);
     if (vs_heuristic)
@@ -616,13 +678,13 @@ static void print_json(const gpu_state *g, int ok) {
   printf(",\"gemm_choices\":");
   print_choices_json(g);
   printf(
-      ",\"iters\":%d,\"flush\":\"%s\",\"ceilings\":{\"tflops\":%g,\"tbps\":%g,\"from\":"
-      "\"%s\"},\"points\":[",
-      g->a->iters, g->a->flush_plain ? "plain" : "demote", g->a->ceil_tflops, g->a->ceil_tbps,
-      g->a->ceilings_given ? "--ceilings" : "default");
+      ",\"iters\":%d,\"gate_weight\":%s,\"flush\":\"%s\",\"ceilings\":{\"tflops\":%g,"
+      "\"tbps\":%g,\"from\":\"%s\"},\"points\":[",
+      g->a->iters, g->gate ? "true" : "false", g->a->flush_plain ? "plain" : "demote",
+      g->a->ceil_tflops, g->a->ceil_tbps, g->a->ceilings_given ? "--ceilings" : "default");
   for (int i = 0; i < g->n_points; i++) {
     if (i) printf(",");
-    print_point_json(&g->points[i], g->heur != NULL);
+    print_point_json(&g->points[i], g->heur != NULL, g->gate != NULL);
   }
   printf("],\"ok\":%s}\n", ok ? "true" : "false");
 }
@@ -641,8 +703,8 @@ static void keep_result(const gpu_state *g, run_result *r) {
 /* ---- driver ----------------------------------------------------------------- */
 
 static void release(gpu_state *g) {
-  void *bufs[] = {g->w1,  g->w2, g->scratch, g->x,       g->logits,
-                  g->out, g->ws, g->ids,     g->weights, g->flush};
+  void *bufs[] = {g->w1, g->w2,  g->scratch, g->x,     g->logits, g->out,
+                  g->ws, g->ids, g->weights, g->flush, g->gate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (bufs[i]) (void)moejit_mem_free(g->ctx, bufs[i], g->stream);
   if (g->ctx) {
@@ -657,6 +719,7 @@ static void release(gpu_state *g) {
   run_block_free(&g->bx);
   run_block_free(&g->b1);
   run_block_free(&g->b2);
+  run_block_free(&g->bg);
 }
 
 static moejit_status prepare(gpu_state *g) {

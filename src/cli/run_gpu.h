@@ -35,6 +35,9 @@ typedef struct run_args {
   /* --vs-heuristic: a second model, loaded with tuned tables off, checked
    * and timed (graph replay) beside the first */
   int vs_heuristic;
+  /* --gate-weight: route from a random router weight (moejit_moe_args.
+   * gate_weight) instead of given logits; the logits are checked too */
+  int gate_weight;
   /* --tuned-table FILE: the layer is loaded with this tuned table instead
    * of the device's (moejit_load_opts.tuned_table) */
   const char *tuned_table;

@@ -112,6 +112,7 @@ Test(cli_run, usage_errors_exit_2) {
   const char *bad_timeout[] = {"run", "--ep-timeout", "-1", "--ep", "2", NULL};
   const char *huge_timeout[] = {"run", "--ep-timeout", "86401", "--ep", "2", NULL};
   const char *nonblocking_alone[] = {"run", "--ep-nonblocking-comm", NULL};
+  const char *gate_ep[] = {"run", "--gate-weight", "--ep", "2", NULL};
   /* rank 0 would overwrite an id the other ranks may have read already */
   const char *stale_id[] = {
       "run", "--ep", "2", "--ep-rank", "0", "--ep-id-file", MOEJIT_TEST_SOURCE_DIR "/README.md",
@@ -124,7 +125,8 @@ Test(cli_run, usage_errors_exit_2) {
       zero_ceiling, bad_ceiling,  huge_ceiling,  bad_flush,     flush_ep,     vs_ep,
       table_ep,     table_none,   tiny_ceiling,  hex_ceiling,   empty_dir,    comma_tokens,
       plus_tokens,  space_tokens, ceilings_ep,   id_file_alone, space_ep,     plus_iters,
-      one_rank_few, stale_id,     timeout_alone, bad_timeout,   huge_timeout, nonblocking_alone};
+      one_rank_few, stale_id,     timeout_alone, bad_timeout,   huge_timeout, nonblocking_alone,
+      gate_ep};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *err = NULL;
     int rc = run_cli(cases[i], NULL, &err);
@@ -138,7 +140,7 @@ Test(cli_run, usage_errors_exit_2) {
     if (strcmp(cases[i][1], "--cache-dir") == 0)
       cr_expect(err && strstr(err, "--cache-dir") && strstr(err, "non-empty"), "%s", err);
     if (strcmp(cases[i][1], "--ceilings") == 0 || strcmp(cases[i][1], "--flush") == 0 ||
-        strcmp(cases[i][1], "--vs-heuristic") == 0)
+        strcmp(cases[i][1], "--vs-heuristic") == 0 || strcmp(cases[i][1], "--gate-weight") == 0)
       cr_expect(
           err && strstr(err, cases[i][1]) && (strstr(err, cases[i][2]) || strstr(err, "--ep")),
           "the message names the option and its value (or the clash): %s", err);

@@ -530,6 +530,25 @@ Test(layer_tuned, moejit_run_shows_sources_and_choices) {
   cr_expect(h && strtod(h + strlen("\"heuristic_graph_ms\":"), NULL) > 0, "json: %s", out);
   cr_expect(!strstr(out, "\"ok\":false"), "json: %s", out);
   free(out), free(err);
+  /* --gate-weight: the layer computes its logits from a router weight, and
+   * they are checked against float64 (T = 1: decode layer; 300: the chain) */
+  const char *gate[] = {"run", cfg, "--tokens", "1,300", "--iters", "2", "--gate-weight", NULL};
+  rc = ts_run_cli(gate, NULL, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
+  cr_expect(strstr(out, "logit err") && strstr(out, "router: from a random router weight"),
+            "stdout: %s", out);
+  free(out), free(err);
+  const char *gatej[] = {"run",           cfg,      "--tokens", "1,300", "--iters", "2",
+                         "--gate-weight", "--json", NULL};
+  rc = ts_run_cli(gatej, NULL, &out, &err);
+  cr_assert_eq(rc, 0, "exit %d\nstderr: %s", rc, err);
+  cr_expect(ts_json_valid(out) && strstr(out, "\"gate_weight\":true"), "json: %s", out);
+  cr_expect_eq(ts_count_substr(out, "\"logits_rel_err\":"), 2, "json: %s", out);
+  const char *le = strstr(out, "\"logits_rel_err\":");
+  const double lerr = le ? strtod(le + strlen("\"logits_rel_err\":"), NULL) : -1;
+  cr_expect(lerr >= 0 && lerr <= 1e-5, "logits rel err %g; json: %s", lerr, out);
+  cr_expect(!strstr(out, "\"ok\":false"), "json: %s", out);
+  free(out), free(err);
   free(cfg);
   unsetenv("MOEJIT_TUNED_DIR");
   ts_rmtree(dir);
