@@ -212,8 +212,8 @@ typedef struct moejit_moe_args {
   /* The router's weight instead of its logits: [E, d] of spec.weight_dtype
    * (nn.Linear(d, E, bias=False).weight), 16-byte aligned, with logits
    * NULL. The forward then computes logits = x . gate_weight^T first (one
-   * more launch: moejit_router_logits, fp32 sums rounded to
-   * spec.logits_dtype) and routes them. Expert-parallel: the whole router,
+   * or two launches more: moejit_router_logits with the workspace's
+   * scratch, fp32 sums rounded to spec.logits_dtype) and routes them. Expert-parallel: the whole router,
    * [E, d], on every rank. */
   const void *gate_weight;
   /* With gate_weight: NULL, or out [T, E] of spec.logits_dtype (16-byte
@@ -232,8 +232,8 @@ MOEJIT_API moejit_status moejit_moe_workspace_size(const moejit_model *model, in
 /* Enqueues the layer on `stream`: route, align (2 or 3 launches), GEMM 1 +
  * SwiGLU, GEMM 2, combine; or, at decode sizes (moejit_moe_decode_layer),
  * two launches: route + GEMM 1 + SwiGLU, then GEMM 2 + combine. With
- * args->gate_weight the router's logits are computed first, one launch
- * more. Each GEMM runs the tuned variant of the bucket
+ * args->gate_weight the router's logits are computed first (one or two
+ * launches more). Each GEMM runs the tuned variant of the bucket
  * nearest to T when the load found one (else the heuristic configuration;
  * also when the variant's launch plan does not hold at this T, e.g. a grid
  * too large): moejit_model_gemm_choice says which. Checks every argument
