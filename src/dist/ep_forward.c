@@ -21,7 +21,7 @@ static moejit_status layout(const moejit_model *m, int64_t tokens, int64_t send_
     if (st) return st;
   }
   return mj_ep_layout_for(&m->spec, m->ep->place.world, tokens, send_rows, recv_rows, local_ws,
-                          MJ_ROUTER_SPLIT_BYTES(m->sm_count), l);
+                          mj_router_split_bytes(m, tokens), l);
 }
 
 /* recv_rows * top_k must fit the local layer's int32 row indices. */

@@ -107,7 +107,7 @@ static moejit_status layout_for(const moejit_model *m, int64_t tokens, ws_layout
   l->weights = take(&c, entries * 4);
   /* the router's logits, computed there when the forward gets gate_weight */
   l->logits = take(&c, (size_t)tokens * E * moejit_dtype_size(s->logits_dtype));
-  l->router_split = take(&c, MJ_ROUTER_SPLIT_BYTES(m->sm_count)); /* its parts' sums */
+  l->router_split = take(&c, mj_router_split_bytes(m, tokens)); /* its parts' sums */
   l->counts = take(&c, E * 4);
   l->offsets = take(&c, (E + 1) * 4);
   l->sorted_slot = take(&c, entries * 4);

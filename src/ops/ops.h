@@ -273,6 +273,11 @@ moejit_status mj_combine_tidied(const moejit_model *model, const moejit_combine_
 
 /* The split's scratch: sums of at most three 32 x 64 tiles per SM. */
 #define MJ_ROUTER_SPLIT_BYTES(sms) ((size_t)3 * (size_t)(sms)*32 * 64 * 4)
+/* The scratch a call of `tokens` tokens can use: none at up to 8 tokens
+ * (the warps form), else at most one part per 64-wide k-tile of
+ * [tokens, E] fp32 sums, and at most MJ_ROUTER_SPLIT_BYTES. Grows with
+ * tokens, so the scratch of the largest T serves every smaller one. */
+size_t mj_router_split_bytes(const moejit_model *model, int64_t tokens);
 
 /* 1 when a call of `tokens` tokens runs the tensor-core form. */
 int mj_router_logits_mma(const moejit_spec *spec, int64_t tokens);

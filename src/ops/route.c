@@ -44,6 +44,14 @@ static int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+size_t mj_router_split_bytes(const moejit_model *model, int64_t tokens) {
+  const moejit_spec *s = &model->spec;
+  if (tokens <= MJ_ROUTER_GEMV_MAX_TOKENS) return 0;
+  const size_t cap = MJ_ROUTER_SPLIT_BYTES(model->sm_count);
+  const double all = (double)ceil_div(s->hidden, 64) * (double)tokens * (double)s->experts * 4.0;
+  return all < (double)cap ? (size_t)all : cap;
+}
+
 moejit_status mj_router_logits_launch(const moejit_model *model, int64_t tokens, const void *x,
                                       const void *gate_weight, void *logits, void *split,
                                       moejit_stream stream) {
