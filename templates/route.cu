@@ -52,8 +52,10 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 //   few such tiles run at small T) and _mma_wide (128 x 128, 8 warps, 3
 //   stages, for calls with half a wave of such tiles): mma.sync through
 //   the GEMMs' cp.async pipeline (common/gemm_mainloop.cuh), where x and
-//   the weight share a 16-bit type. Within one shape a logit's sum does not
-//   depend on the other tokens either; the forms differ in the last bits.
+//   the weight share a 16-bit type. Within one shape and unsplit a logit's
+//   sum does not depend on the other tokens either; d split into parts (the
+//   host's choice, by T) sums in another order; the forms differ in the
+//   last bits.
 #include "common/gemm_mainloop.cuh"
 #include "common/gemm_epilogue.cuh"
 
