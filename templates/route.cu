@@ -68,14 +68,6 @@ typedef mj_gemm_shape<128, 128, 64, 3, 8> RouterWideShape;  // host: MJ_ROUTER_W
 static_assert(kHidden % 8 == 0, "router logits: hidden must be a multiple of 8");
 static_assert(128LL * kHidden < (1LL << 31), "router logits: a tile's rows must fit int32 offsets");
 
-template <typename T>
-__device__ __forceinline__ void mj_store_one(T *p, float v) {
-  if constexpr (mj_dtype<T>::kBytes == 4)
-    *reinterpret_cast<unsigned *>(p) = mj_dtype<T>::from_float(v);
-  else
-    *reinterpret_cast<unsigned short *>(p) = (unsigned short)mj_dtype<T>::from_float(v);
-}
-
 // Block items i = (token group, expert block), the expert block fastest;
 // the grid may be smaller than the items (a block then takes i, i + grid,
 // ...). eb: experts an item, 1..kRouterExperts.
@@ -130,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(kRouterThreads, 2)
       float sum = part[0][threadIdx.x];
 #pragma unroll
       for (int w2 = 1; w2 < kRouterThreads / 32; ++w2) sum += part[w2][threadIdx.x];
-      mj_store_one(logits + (long long)(t0 + t) * kExperts + e0 + j, sum);
+      mj_store1(logits + (long long)(t0 + t) * kExperts + e0 + j, sum);
     }
     __syncthreads();  // part is rewritten by the next item
   }
@@ -178,7 +170,7 @@ __device__ __forceinline__ void mj_router_mma(const AT *__restrict__ x, const WT
             if (sums)
               sums[at + c] = v;
             else
-              mj_store_one(logits + at + c, v);
+              mj_store1(logits + at + c, v);
           }
         }
       }
@@ -208,6 +200,6 @@ extern "C" __global__ void __launch_bounds__(256)
        i += (long long)gridDim.x * 256) {
     float sum = part[i];
     for (int z = 1; z < parts; ++z) sum += part[z * n + i];
-    mj_store_one(logits + i, sum);
+    mj_store1(logits + i, sum);
   }
 }

@@ -350,17 +350,26 @@ static double tolerance(const moejit_spec *s) {
   return s->act_dtype == MOEJIT_DTYPE_FP32 ? 1e-4 : s->act_dtype == MOEJIT_DTYPE_FP16 ? 5e-3 : 1e-2;
 }
 
+/* The tokens a check samples: all of them up to MAX_SAMPLES, else
+ * MAX_SAMPLES spread evenly from the first to the last. Returns how many. */
+static size_t sample_tokens(int64_t t, int64_t tok[MAX_SAMPLES]) {
+  const size_t n = t < MAX_SAMPLES ? (size_t)t : MAX_SAMPLES;
+  for (size_t i = 0; i < n; i++)
+    tok[i] = n == (size_t)t ? (int64_t)i : (int64_t)i * (t - 1) / (int64_t)(n - 1);
+  return n;
+}
+
 /* ||out - ref|| / ||ref|| over the sampled tokens. */
 static void check_sample(const gpu_state *g, int64_t t, const void *out, const int32_t *ids,
                          const float *w, point *p) {
   const moejit_spec *s = g->s;
   const int k = s->top_k;
-  const size_t n = t < MAX_SAMPLES ? (size_t)t : MAX_SAMPLES, d = (size_t)s->hidden;
+  const size_t d = (size_t)s->hidden;
   int64_t tok[MAX_SAMPLES] = {0};
+  const size_t n = sample_tokens(t, tok);
   int32_t sid[MAX_SAMPLES * 32] = {0}; /* top_k <= 32 (spec_check) */
   float sw[MAX_SAMPLES * 32] = {0};
   for (size_t i = 0; i < n; i++) {
-    tok[i] = n == (size_t)t ? (int64_t)i : (int64_t)i * (t - 1) / (int64_t)(n - 1);
     memcpy(&sid[i * k], &ids[tok[i] * k], sizeof(int32_t) * k);
     memcpy(&sw[i * k], &w[tok[i] * k], sizeof(float) * k);
   }
@@ -386,17 +395,15 @@ static void check_sample(const gpu_state *g, int64_t t, const void *out, const i
  * tokens spread over T, against float64 x . gate^T. */
 static moejit_status check_logits(const gpu_state *g, int64_t t, point *p) {
   const moejit_spec *s = g->s;
-  const size_t n = t < MAX_SAMPLES ? (size_t)t : MAX_SAMPLES, E = (size_t)s->experts;
-  const size_t lsz = moejit_dtype_size(s->logits_dtype);
+  const size_t E = (size_t)s->experts, lsz = moejit_dtype_size(s->logits_dtype);
   int64_t tok[MAX_SAMPLES] = {0};
+  const size_t n = sample_tokens(t, tok);
   void *rows = malloc(n * E * lsz);
   double *got = malloc(sizeof(double) * n * E);
   moejit_status st = rows && got ? MOEJIT_OK : MOEJIT_ERR_OUT_OF_MEMORY;
-  for (size_t i = 0; i < n && !st; i++) {
-    tok[i] = n == (size_t)t ? (int64_t)i : (int64_t)i * (t - 1) / (int64_t)(n - 1);
+  for (size_t i = 0; i < n && !st; i++)
     st = moejit_memcpy_dtoh(g->ctx, (char *)rows + i * E * lsz,
                             (const char *)g->logits + (size_t)tok[i] * E * lsz, E * lsz, g->stream);
-  }
   if (!st) st = moejit_stream_synchronize(g->ctx, g->stream);
   if (!st) {
     for (size_t i = 0; i < n * E; i++) got[i] = run_unpack_one(s->logits_dtype, rows, i);

@@ -256,14 +256,10 @@ static moejit_status launch_front(const moejit_model *m, const moejit_moe_args *
                                   const mj_ep_layout *l, int32_t *ids, float *w,
                                   moejit_stream stream) {
   const mj_ep *ep = m->ep;
-  const void *logits = a->logits;
+  const void *logits = NULL;
   moejit_status st = MOEJIT_OK;
-  if (a->tokens > 0 && a->gate_weight) {
-    void *computed = a->router_logits ? a->router_logits : AT(ws, l->logits);
-    st = mj_router_logits_launch(m, a->tokens, a->x, a->gate_weight, computed,
-                                 AT(ws, l->router_split), stream);
-    logits = computed;
-  }
+  if (a->tokens > 0) /* no tokens: nothing to route */
+    st = mj_moe_logits(m, a, AT(ws, l->logits), AT(ws, l->router_split), stream, &logits);
   moejit_route_args r = {.tokens = a->tokens,
                          .logits = logits,
                          .bias = a->route_bias,

@@ -210,6 +210,15 @@ moejit_status mj_moe_check_pointers(const moejit_model *m, const moejit_moe_args
   return MOEJIT_OK;
 }
 
+moejit_status mj_moe_logits(const moejit_model *m, const moejit_moe_args *a, void *ws_logits,
+                            void *ws_split, moejit_stream stream, const void **logits) {
+  *logits = a->logits;
+  if (!a->gate_weight) return MOEJIT_OK;
+  void *computed = a->router_logits ? a->router_logits : ws_logits;
+  *logits = computed; /* one or two launches more */
+  return mj_router_logits_launch(m, a->tokens, a->x, a->gate_weight, computed, ws_split, stream);
+}
+
 /* The configuration each GEMM of this forward runs (a tuned variant or the
  * heuristic), as the launchers will plan it. */
 typedef struct gemm_choices {
@@ -581,14 +590,9 @@ moejit_status moejit_moe_forward(const moejit_model *model, const moejit_moe_arg
   void *ws = args->workspace;
   int32_t *ids = args->topk_ids ? args->topk_ids : AT(ws, l.ids);
   float *weights = args->topk_weights ? args->topk_weights : AT(ws, l.weights);
-  const void *logits = args->logits;
-  if (args->gate_weight) { /* the router's logits first: one launch more */
-    void *computed = args->router_logits ? args->router_logits : AT(ws, l.logits);
-    st = mj_router_logits_launch(model, args->tokens, args->x, args->gate_weight, computed,
-                                 AT(ws, l.router_split), stream);
-    if (st) return mj_model_fail(model, st);
-    logits = computed;
-  }
+  const void *logits = NULL;
+  st = mj_moe_logits(model, args, AT(ws, l.logits), AT(ws, l.router_split), stream, &logits);
+  if (st) return mj_model_fail(model, st);
   if (mj_moe_decode_ok(&model->spec, args->tokens, &choices.gemm[0], &choices.gemm[1]))
     return launch_decode(model, args, logits, ids, weights, &l, &choices, stream);
   moejit_route_args r = {.tokens = args->tokens,

@@ -188,6 +188,11 @@ moejit_status mj_model_load_with(moejit_ctx *ctx, const moejit_spec *spec, unsig
 /* The pointer checks of moejit_moe_forward (layer.c), shared with the
  * expert-parallel forward. */
 moejit_status mj_moe_check_pointers(const moejit_model *m, const moejit_moe_args *a);
+/* The logits a forward routes: a->logits, or (with a->gate_weight) those it
+ * computes into a->router_logits, else ws_logits, with ws_split as the
+ * split's scratch (mj_router_split_bytes of T). */
+moejit_status mj_moe_logits(const moejit_model *m, const moejit_moe_args *a, void *ws_logits,
+                            void *ws_split, moejit_stream stream, const void **logits);
 
 /* The expert half of a layer on `m` (a whole layer, or an ep model's local
  * layer): align -> GEMM 1 + SwiGLU -> GEMM 2 -> combine of `tokens` tokens
@@ -259,6 +264,7 @@ moejit_status mj_combine_tidied(const moejit_model *model, const moejit_combine_
 #define MJ_ROUTER_THREADS 256
 #define MJ_ROUTER_TOKENS 8
 #define MJ_ROUTER_EXPERTS 4
+#define MJ_ROUTER_TILE_K 64 /* both tensor-core shapes' k-tile */
 #define MJ_ROUTER_TILE_TOKENS 32
 #define MJ_ROUTER_TILE_EXPERTS 64
 #define MJ_ROUTER_TILE_THREADS 128

@@ -48,7 +48,8 @@ size_t mj_router_split_bytes(const moejit_model *model, int64_t tokens) {
   const moejit_spec *s = &model->spec;
   if (tokens <= MJ_ROUTER_GEMV_MAX_TOKENS) return 0;
   const size_t cap = MJ_ROUTER_SPLIT_BYTES(model->sm_count);
-  const double all = (double)ceil_div(s->hidden, 64) * (double)tokens * (double)s->experts * 4.0;
+  const double all =
+      (double)ceil_div(s->hidden, MJ_ROUTER_TILE_K) * (double)tokens * (double)s->experts * 4.0;
   return all < (double)cap ? (size_t)all : cap;
 }
 
@@ -70,7 +71,7 @@ moejit_status mj_router_logits_launch(const moejit_model *model, int64_t tokens,
     const int wide = 2 * wide_t * wide_e >= sms;
     const int64_t tt = wide ? wide_t : ceil_div(tokens, MJ_ROUTER_TILE_TOKENS);
     const int64_t te = wide ? wide_e : ceil_div(s->experts, MJ_ROUTER_TILE_EXPERTS);
-    const int k_tiles = (int)ceil_div(s->hidden, 64);
+    const int k_tiles = (int)ceil_div(s->hidden, MJ_ROUTER_TILE_K);
     int parts = 1, per = k_tiles;
     if (!wide && split && 2 * tt * te <= sms) {
       const int64_t want = ceil_div(2 * sms, tt * te);

@@ -16,6 +16,7 @@
 #include "ops/ops.h"
 #include "ops_gpu.h"
 #include "ref_dtype.h"
+#include "ref_gemm.h"
 
 TestSuite(router_logits, .timeout = 600);
 
@@ -109,22 +110,13 @@ static float *run(const rl_case *c, int64_t first, int64_t tokens) {
  * value that is not finite (an element left poisoned). */
 static double rel_error(const rl_case *c, int64_t first, int64_t tokens, const float *got,
                         const char *what) {
-  const moejit_spec *s = &c->spec;
-  const int64_t d = s->hidden;
-  double num = 0, den = 0;
-  for (int64_t t = 0; t < tokens; t++) {
-    const float *xr = c->x + (first + t) * d;
-    for (int e = 0; e < s->experts; e++) {
-      const float *gr = c->gate + (int64_t)e * d;
-      double ref = 0;
-      for (int64_t i = 0; i < d; i++) ref += (double)xr[i] * (double)gr[i];
-      const float v = got[t * s->experts + e];
-      cr_assert(isfinite(v), "%s: logit (%lld, %d) = %g: not written?", what, (long long)t, e, v);
-      num += (v - ref) * (v - ref);
-      den += ref * ref;
-    }
-  }
-  return sqrt(num / den);
+  const int E = c->spec.experts;
+  for (int64_t t = 0; t < tokens; t++)
+    for (int e = 0; e < E; e++)
+      cr_assert(isfinite(got[t * E + e]), "%s: logit (%lld, %d) = %g: not written?", what,
+                (long long)t, e, got[t * E + e]);
+  return ref_logits_rel_error(c->x + first * c->spec.hidden, c->gate, tokens, c->spec.hidden, E,
+                              got);
 }
 
 Test(router_logits, matches_float64) {

@@ -93,3 +93,18 @@ double ref_gemm_rel_error(moejit_dtype dtype, const void *out, const double *ref
   }
   return norm > 0 ? sqrt(diff / norm) : sqrt(diff);
 }
+
+double ref_logits_rel_error(const float *x, const float *gate, int64_t tokens, int64_t d,
+                            int64_t experts, const float *got) {
+  double diff = 0, norm = 0;
+  for (int64_t t = 0; t < tokens; t++)
+    for (int64_t e = 0; e < experts; e++) {
+      double ref = 0;
+      for (int64_t i = 0; i < d; i++) ref += (double)x[t * d + i] * (double)gate[e * d + i];
+      const double v = got[t * experts + e];
+      if (!isfinite(v)) return INFINITY;
+      diff += (v - ref) * (v - ref);
+      norm += ref * ref;
+    }
+  return norm > 0 ? sqrt(diff / norm) : sqrt(diff);
+}

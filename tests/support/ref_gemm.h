@@ -32,4 +32,11 @@ void ref_gemm2(const ref_gemm_problem *p, double *y);
  * if out holds a NaN or an infinity; the absolute error norm if ||ref|| = 0. */
 double ref_gemm_rel_error(moejit_dtype dtype, const void *out, const double *ref, size_t n);
 
+/* The router's logits (moejit_router_logits): ||got - x . gate^T|| /
+ * ||x . gate^T|| over `tokens` rows, the reference summed in double; x
+ * [tokens, d], gate [experts, d], got [tokens, experts], as floats;
+ * INFINITY if got holds a NaN or an infinity. */
+double ref_logits_rel_error(const float *x, const float *gate, int64_t tokens, int64_t d,
+                            int64_t experts, const float *got);
+
 #endif
